@@ -1,0 +1,75 @@
+"""Attention dispatch: one entry for prefill, decode and tree verification.
+
+Axis letters: B batch, N query (tree) nodes, S cache length, H query heads, K kv heads, D head dim.
+
+Every query block is written into the cache at positions [lengths[b], lengths[b] + N) before
+attention, so the three cases share one mask rule: query i of row b sees key position j iff
+j < lengths[b] (committed context) or j = lengths[b] + m with tree_mask[b, i, m] (the block: causal
+for prefill, ancestors-or-self for a draft tree, just itself for one-token decode).
+
+Implementations: "reference" (plain jnp, the CPU default), "pallas" (the flash-style kernel in
+specjax.kernels.tree_attention, compiled for TPU/GPU), "interpret" (the same kernel in Pallas
+interpret mode, for CPU tests). "auto" picks "pallas" on accelerators and "reference" on CPU.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+
+AttentionImpl = Literal["auto", "reference", "pallas", "interpret"]
+ATTENTION_IMPLS = ("auto", "reference", "pallas", "interpret")
+
+
+def block_visibility(lengths: jax.Array, tree_mask: jax.Array, cache_len: int) -> jax.Array:
+    """Boolean [B, N, S]: which cache positions each query of the block may attend to."""
+    n = tree_mask.shape[-1]
+    pos = jnp.arange(cache_len)[None, :]  # [1, S]
+    offset = pos - lengths[:, None]  # [B, S]: position relative to the block start
+    in_block = (offset >= 0) & (offset < n)
+    # tree_mask[b, i, offset] for positions inside the block (clipped gather, masked after).
+    block_vis = jnp.take_along_axis(
+        tree_mask,
+        jnp.broadcast_to(
+            jnp.clip(offset, 0, n - 1)[:, None, :], tree_mask.shape[:2] + (cache_len,)
+        ),
+        axis=2,
+    )
+    committed = (offset < 0)[:, None, :]
+    return committed | (in_block[:, None, :] & block_vis)
+
+
+def reference_attention(q, k, v, lengths, tree_mask):
+    """Plain-jnp tree attention. q [B,N,H,D], k/v [B,S,K,D], lengths [B], tree_mask [B,N,N]."""
+    b, n, h, d = q.shape
+    s, kh = k.shape[1], k.shape[2]
+    g = h // kh
+    q5 = q.reshape(b, n, kh, g, d).astype(jnp.float32)
+    scores = jnp.einsum("BNKGD,BSKD->BKGNS", q5, k.astype(jnp.float32)) / jnp.sqrt(d)
+    visible = block_visibility(lengths, tree_mask, s)[:, None, None]  # [B,1,1,N,S]
+    scores = jnp.where(visible, scores, -jnp.inf)
+    weights = jax.nn.softmax(scores, axis=-1)
+    out = jnp.einsum("BKGNS,BSKD->BNKGD", weights, v.astype(jnp.float32))
+    return out.reshape(b, n, h, d).astype(q.dtype)
+
+
+def resolve_impl(impl: AttentionImpl) -> str:
+    if impl not in ATTENTION_IMPLS:
+        raise ValueError(
+            f"unknown attention implementation {impl!r}; choose from {ATTENTION_IMPLS}"
+        )
+    if impl == "auto":
+        return "reference" if jax.default_backend() == "cpu" else "pallas"
+    return impl
+
+
+def attend(q, k, v, lengths, tree_mask, impl: AttentionImpl = "auto"):
+    """Tree attention through the chosen implementation; shapes as in reference_attention."""
+    impl = resolve_impl(impl)
+    if impl == "reference":
+        return reference_attention(q, k, v, lengths, tree_mask)
+    from specjax.kernels.tree_attention import tree_attention
+
+    return tree_attention(q, k, v, lengths, tree_mask, interpret=(impl == "interpret"))

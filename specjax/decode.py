@@ -1,0 +1,285 @@
+"""Autoregressive decoding in one jitted `lax.while_loop`, and the prompt handling it shares
+with speculative decoding.
+
+Axis letters: B batch, T prompt tokens (padded), S cache length, V vocab.
+
+Prompts are right-padded to T and prefilled as one block at cache position 0 with a causal mask;
+each row's cache length is then its own prompt length, so padding is never attended to and is
+overwritten by the row's next tokens. Randomness is per row: row b draws its step-i sample from
+fold_in(keys[b], i), so a row's output depends only on its own prompt and key.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from specjax.cache import KVCache, init_cache
+from specjax.config import ModelConfig, SamplingConfig
+
+
+@flax.struct.dataclass
+class GenerateOutput:
+    """tokens [B, max_new_tokens] int32 (slots past lengths hold 0), lengths [B] generated tokens
+    per row (including the EOS that stopped it), stats: dict of per-row statistics or None."""
+
+    tokens: jax.Array
+    lengths: jax.Array
+    stats: dict | None = None
+
+
+def prepare_prompts(
+    prompts, cfg: ModelConfig, max_new_tokens: int, extra_slots: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
+    """Validate prompts and right-pad them: returns (ids [B, T] int32, prompt_lens [B] int32).
+
+    prompts: a list of token-id lists (ragged) or an int array [B, T]. Raises ValueError before any
+    compilation for empty prompts, ids outside the vocabulary and prompts that would not fit in the
+    model's context (prompt + max_new_tokens + extra_slots > max_seq_len).
+    """
+    if (
+        isinstance(max_new_tokens, bool)
+        or not isinstance(max_new_tokens, (int, np.integer))
+        or max_new_tokens < 1
+    ):
+        raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
+    if isinstance(prompts, (np.ndarray, jax.Array)):
+        arr = np.asarray(prompts)
+        if arr.ndim != 2 or not np.issubdtype(arr.dtype, np.integer):
+            raise ValueError(f"prompt array must be int [B, T], got {arr.dtype} {arr.shape}")
+        rows = list(arr)
+    elif isinstance(prompts, Sequence) and not isinstance(prompts, str):
+        rows = [np.asarray(list(p)) for p in prompts]
+    else:
+        raise ValueError(
+            "prompts must be a list of token-id lists or an int array [B, T] "
+            f"(got {type(prompts).__name__}); encode text with the tokenizer first"
+        )
+    if not rows:
+        raise ValueError("no prompts given (empty batch)")
+    lens = np.array([len(r) for r in rows], np.int32)
+    if (lens == 0).any():
+        raise ValueError(
+            f"empty prompt at batch rows {np.flatnonzero(lens == 0).tolist()}: "
+            "every prompt needs at least one token (e.g. BOS)"
+        )
+    budget = cfg.max_seq_len - max_new_tokens - extra_slots
+    if lens.max() > budget:
+        bad = np.flatnonzero(lens > budget).tolist()
+        raise ValueError(
+            f"prompt too long for the cache: rows {bad} have {lens.max()} tokens, but "
+            f"max_seq_len {cfg.max_seq_len} - max_new_tokens {max_new_tokens}"
+            + (f" - {extra_slots} draft slots" if extra_slots else "")
+            + f" leaves {budget}; shorten the prompt or lower max_new_tokens"
+        )
+    ids = np.zeros((len(rows), lens.max()), np.int32)
+    for i, r in enumerate(rows):
+        if r.size and (r.min() < 0 or r.max() >= cfg.vocab_size):
+            raise ValueError(
+                f"prompt row {i} has token ids outside the vocabulary [0, {cfg.vocab_size})"
+            )
+        ids[i, : len(r)] = r
+    return ids, lens
+
+
+def row_keys(key, batch: int) -> jax.Array:
+    """Per-row keys [B]: a single key is split; a batch of B keys is used as given."""
+    if key is None:
+        key = jax.random.key(0)
+    if isinstance(key, int):
+        key = jax.random.key(key)
+    if not jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+        key = jax.random.wrap_key_data(jnp.asarray(key, jnp.uint32))
+    if key.ndim == 0:
+        return jax.random.split(key, batch)
+    if key.shape != (batch,):
+        raise ValueError(f"key must be one key or {batch} per-row keys, got shape {key.shape}")
+    return key
+
+
+def check_sampling(sampling: SamplingConfig) -> None:
+    if not isinstance(sampling, SamplingConfig):
+        raise ValueError(f"sampling must be a SamplingConfig, got {type(sampling).__name__}")
+
+
+def causal_block_mask(batch: int, t: int) -> jax.Array:
+    return jnp.broadcast_to(jnp.tril(jnp.ones((t, t), bool)), (batch, t, t))
+
+
+def prefill(
+    model,
+    ids: jax.Array,
+    prompt_lens: jax.Array,
+    cache: KVCache,
+    attn_impl: str,
+    return_hidden: tuple[int, ...] = (),
+):
+    """Run the padded prompts [B, T] from position 0; returns (logits at each row's last prompt
+    token [B, V], cache with lengths = prompt_lens, requested hidden states [B, T, M])."""
+    b, t = ids.shape
+    positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    out = model(
+        ids,
+        positions=positions,
+        cache=cache,
+        tree_mask=causal_block_mask(b, t),
+        logits_index=(prompt_lens - 1)[:, None],
+        return_hidden=return_hidden,
+        attn_impl=attn_impl,
+    )
+    cache = out.cache.replace(lengths=prompt_lens)
+    return out.logits[:, 0], cache, out.hidden
+
+
+def choose_tokens(logits: jax.Array, keys: jax.Array, step, sampling: SamplingConfig) -> jax.Array:
+    """Next token per row from logits [B, V]: argmax when greedy, else a sample with the row's key
+    folded with `step` (scalar or [B])."""
+    if sampling.greedy:
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    from specjax.sampling import apply_sampling
+
+    probs = apply_sampling(logits, sampling)
+    step = jnp.broadcast_to(step, keys.shape)
+    step_keys = jax.vmap(jax.random.fold_in)(keys, step)
+    return jax.vmap(lambda k, p: jax.random.categorical(k, jnp.log(p)))(step_keys, probs).astype(
+        jnp.int32
+    )
+
+
+@flax.struct.dataclass
+class _ARState:
+    step: jax.Array  # scalar: number of tokens produced so far per live row
+    tokens: jax.Array  # [B, max_new]
+    last: jax.Array  # [B] last emitted token, fed next
+    n_generated: jax.Array  # [B]
+    done: jax.Array  # [B]
+    cache: KVCache
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "sampling", "attn_impl"))
+def _generate(
+    graphdef,
+    params,
+    ids,
+    prompt_lens,
+    keys,
+    eos_id,
+    *,
+    max_new_tokens: int,
+    sampling: SamplingConfig,
+    attn_impl: str,
+):
+    model = nnx.merge(graphdef, params)
+    b, t = ids.shape
+    cache = init_cache(model.config, b, t + max_new_tokens)
+    logits, cache, _ = prefill(model, ids, prompt_lens, cache, attn_impl)
+    first = choose_tokens(logits, keys, 0, sampling)
+    done = (first == eos_id) | (max_new_tokens <= 1)
+    tokens = jnp.zeros((b, max_new_tokens), jnp.int32).at[:, 0].set(first)
+    state = _ARState(
+        step=jnp.int32(1),
+        tokens=tokens,
+        last=first,
+        n_generated=jnp.ones((b,), jnp.int32),
+        done=done,
+        cache=cache,
+    )
+
+    def cond(s: _ARState):
+        return (s.step < max_new_tokens) & ~jnp.all(s.done)
+
+    def body(s: _ARState):
+        out = model(
+            s.last[:, None],
+            positions=s.cache.lengths[:, None],
+            cache=s.cache,
+            tree_mask=jnp.ones((b, 1, 1), bool),
+            attn_impl=attn_impl,
+        )
+        live = ~s.done
+        cache = out.cache.replace(lengths=s.cache.lengths + live)
+        nxt = choose_tokens(out.logits[:, 0], keys, s.step, sampling)
+        nxt = jnp.where(live, nxt, 0)
+        tokens = s.tokens.at[:, s.step].set(nxt)
+        done = s.done | (nxt == eos_id) | (s.step + 1 >= max_new_tokens)
+        return _ARState(
+            step=s.step + 1,
+            tokens=tokens,
+            last=nxt,
+            n_generated=s.n_generated + live,
+            done=done,
+            cache=cache,
+        )
+
+    final = jax.lax.while_loop(cond, body, state)
+    return GenerateOutput(tokens=final.tokens, lengths=final.n_generated)
+
+
+def generate(
+    model,
+    prompts,
+    *,
+    max_new_tokens: int,
+    sampling: SamplingConfig = SamplingConfig(),
+    key=None,
+    eos_id: int | None = None,
+    attn_impl: str = "auto",
+) -> GenerateOutput:
+    """Autoregressive decoding of `model` (the reference every speculative path must match).
+
+    prompts: list of token-id lists (ragged) or int array [B, T]. Returns tokens [B, max_new_tokens]
+    and lengths [B]. Greedy when sampling.temperature == 0. key: one PRNG key (split per row) or B
+    per-row keys. eos_id: stop a row after it emits this token (None: run to max_new_tokens).
+    """
+    check_sampling(sampling)
+    cfg = model.config
+    ids, lens = prepare_prompts(prompts, cfg, max_new_tokens)
+    keys = row_keys(key, ids.shape[0])
+    graphdef, params = nnx.split(model)
+    return _generate(
+        graphdef,
+        params,
+        jnp.asarray(ids),
+        jnp.asarray(lens),
+        keys,
+        jnp.int32(-1 if eos_id is None else eos_id),
+        max_new_tokens=max_new_tokens,
+        sampling=sampling,
+        attn_impl=attn_impl,
+    )
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "attn_impl"))
+def _score(graphdef, params, ids, lens, *, attn_impl: str):
+    model = nnx.merge(graphdef, params)
+    b, t = ids.shape
+    cache = init_cache(model.config, b, t)
+    positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    logits = model(
+        ids,
+        positions=positions,
+        cache=cache,
+        tree_mask=causal_block_mask(b, t),
+        attn_impl=attn_impl,
+    ).logits
+    logp = jax.nn.log_softmax(logits[:, :-1], axis=-1)
+    token_logp = jnp.take_along_axis(logp, ids[:, 1:, None], axis=-1)[..., 0]
+    mask = jnp.arange(1, t)[None, :] < lens[:, None]
+    return jnp.where(mask, token_logp, 0.0), mask
+
+
+def score(model, sequences, *, attn_impl: str = "auto") -> tuple[jax.Array, jax.Array]:
+    """Log-probabilities of each token given its prefix, for teacher-forced sequences.
+
+    sequences: list of token-id lists (ragged) or int array [B, T]. Returns (logp [B, T-1], mask
+    [B, T-1]): logp[b, t] = log p(x[t+1] | x[:t+1]); mask marks real (non-padding) tokens.
+    """
+    ids, lens = prepare_prompts(sequences, model.config, max_new_tokens=1)
+    graphdef, params = nnx.split(model)
+    return _score(graphdef, params, jnp.asarray(ids), jnp.asarray(lens), attn_impl=attn_impl)

@@ -1,0 +1,89 @@
+"""Checkpoint and tokenizer readers, and `load`, which picks the right one for a path."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from specjax.config import ModelConfig
+
+
+@dataclasses.dataclass
+class Loaded:
+    """A loaded model: the NNX module, its tokenizer (None when none was found) and config."""
+
+    model: object
+    tokenizer: object | None
+    config: ModelConfig
+
+
+def detect_format(path: Path) -> str:
+    if path.is_dir():
+        if (path / "config.json").exists():
+            return "hf"
+        raise ValueError(
+            f"{path}: unknown checkpoint layout (a directory needs config.json + *.safetensors)"
+        )
+    if not path.exists():
+        raise ValueError(f"{path}: no such file or directory")
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic == b"GGUF":
+        return "gguf"
+    if path.suffix == ".bin":
+        return "llama2c"
+    raise ValueError(
+        f"{path}: unknown checkpoint format (expected a llama2.c .bin, a .gguf file, "
+        "or a Hugging Face directory with config.json + *.safetensors)"
+    )
+
+
+def _llama2c_tokenizer_next_to(path: Path):
+    from specjax.io.tokenizer import Llama2cTokenizer
+
+    for cand in ("tokenizer.bin", *sorted(p.name for p in path.parent.glob("tok*.bin"))):
+        if (path.parent / cand).exists() and (path.parent / cand) != path:
+            return Llama2cTokenizer.from_file(path.parent / cand)
+    return None
+
+
+def load(
+    path: str | Path, *, tokenizer: str | Path | None = None, dtype: str = "float32"
+) -> Loaded:
+    """Load a llama2.c .bin, GGUF file or Hugging Face safetensors directory.
+
+    tokenizer: an explicit tokenizer file/directory; by default the tokenizer embedded in the
+    checkpoint (GGUF), next to it (tokenizer.json, tok*.bin), or None.
+    """
+    from specjax.io import tokenizer as tok
+    from specjax.models.target import model_from_weights
+
+    path = Path(path)
+    fmt = detect_format(path)
+    if fmt == "llama2c":
+        from specjax.io.llama2c import read_llama2c
+
+        cfg, weights = read_llama2c(path)
+        found = _llama2c_tokenizer_next_to(path)
+    elif fmt == "gguf":
+        from specjax.io.gguf_reader import read_gguf
+
+        cfg, weights = read_gguf(path)
+        found = tok.tokenizer_from_gguf(path)
+    else:
+        from specjax.io.hf import read_hf_dir
+
+        cfg, weights = read_hf_dir(path)
+        found = tok.HFTokenizer.from_dir(path) if (path / "tokenizer.json").exists() else None
+    if dtype != cfg.dtype:
+        cfg = dataclasses.replace(cfg, dtype=dtype)
+    if tokenizer is not None:
+        found = tok.load_tokenizer(tokenizer)
+    if found is not None and found.vocab_size > cfg.vocab_size:
+        raise ValueError(
+            f"tokenizer has {found.vocab_size} tokens but the model's vocabulary is "
+            f"{cfg.vocab_size}: they do not belong together"
+        )
+    return Loaded(
+        model=model_from_weights(cfg, weights, source=str(path)), tokenizer=found, config=cfg
+    )

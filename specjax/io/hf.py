@@ -1,0 +1,92 @@
+"""Reader for Hugging Face safetensors directories (Llama, Mistral, Qwen2).
+
+Hugging Face applies RoPE to half-split pairs (i, i + D/2): rope_layout="half". Linear weights
+are stored [out, in] and transposed to specjax's [in, out].
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from specjax.config import ModelConfig
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+_LAYER_NAMES = {
+    "input_layernorm.weight": "attn_norm",
+    "self_attn.q_proj.weight": "wq",
+    "self_attn.k_proj.weight": "wk",
+    "self_attn.v_proj.weight": "wv",
+    "self_attn.o_proj.weight": "wo",
+    "self_attn.q_proj.bias": "bq",
+    "self_attn.k_proj.bias": "bk",
+    "self_attn.v_proj.bias": "bv",
+    "post_attention_layernorm.weight": "mlp_norm",
+    "mlp.gate_proj.weight": "w_gate",
+    "mlp.up_proj.weight": "w_up",
+    "mlp.down_proj.weight": "w_down",
+}
+
+
+def hf_config(cfg_json: dict, where: str) -> ModelConfig:
+    model_type = cfg_json.get("model_type")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(
+            f"{where}: model_type {model_type!r} is not supported "
+            f"(supported: {SUPPORTED_MODEL_TYPES})"
+        )
+    if cfg_json.get("rope_scaling"):
+        raise ValueError(f"{where}: rope_scaling {cfg_json['rope_scaling']} is not supported yet")
+    n_heads = cfg_json["num_attention_heads"]
+    d_model = cfg_json["hidden_size"]
+    rope_theta = cfg_json.get("rope_theta")
+    if rope_theta is None:  # newer transformers keep it under rope_parameters
+        rope_theta = (cfg_json.get("rope_parameters") or {}).get("rope_theta", 10000.0)
+    return ModelConfig(
+        vocab_size=cfg_json["vocab_size"],
+        d_model=d_model,
+        n_layers=cfg_json["num_hidden_layers"],
+        n_heads=n_heads,
+        n_kv_heads=cfg_json.get("num_key_value_heads") or n_heads,
+        head_dim=cfg_json.get("head_dim") or d_model // n_heads,
+        ffn_dim=cfg_json["intermediate_size"],
+        norm_eps=cfg_json.get("rms_norm_eps", 1e-6),
+        rope_theta=float(rope_theta),
+        rope_layout="half",
+        tie_embeddings=bool(cfg_json.get("tie_word_embeddings", False)),
+        qkv_bias=model_type == "qwen2" or bool(cfg_json.get("attention_bias", False)),
+        max_seq_len=cfg_json.get("max_position_embeddings", 2048),
+    )
+
+
+def read_hf_dir(path: str | Path) -> tuple[ModelConfig, dict[str, np.ndarray]]:
+    """Return (config, canonical weights) from a directory with config.json + *.safetensors."""
+    from safetensors import safe_open
+
+    path = Path(path)
+    cfg = hf_config(json.loads((path / "config.json").read_text()), str(path))
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"{path}: no *.safetensors files next to config.json")
+    raw = {}
+    for f in files:
+        with safe_open(str(f), framework="flax") as st:
+            for name in st.keys():
+                raw[name.removeprefix("model.")] = np.asarray(st.get_tensor(name), np.float32)
+
+    def get(name):
+        if name not in raw:
+            raise ValueError(f"{path}: missing tensors [{name!r}]")
+        return raw[name]
+
+    weights = {"embed": get("embed_tokens.weight"), "final_norm": get("norm.weight")}
+    if not cfg.tie_embeddings:
+        weights["lm_head"] = get("lm_head.weight").T
+    for hf_name, name in _LAYER_NAMES.items():
+        if name.startswith("b") and not cfg.qkv_bias:
+            continue
+        stacked = np.stack([get(f"layers.{i}.{hf_name}") for i in range(cfg.n_layers)])
+        weights[name] = stacked.transpose(0, 2, 1) if stacked.ndim == 3 else stacked
+    return cfg, weights

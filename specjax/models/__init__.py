@@ -1,0 +1,1 @@
+"""Pure-functional Flax NNX model definitions."""

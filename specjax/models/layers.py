@@ -1,0 +1,126 @@
+"""Llama-family building blocks as pure functions over parameter arrays.
+
+Axis letters: B batch, T query tokens in this call, S cache length, H query heads, K kv heads,
+D head dim, M model dim, F ffn dim, V vocab, L layers.
+
+The decoder stack keeps each weight stacked over layers ([L, ...]) so the forward pass is one
+`lax.scan` (compile time independent of depth); these functions act on one layer's slice.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from specjax.attention import AttentionImpl, attend
+from specjax.config import ModelConfig
+
+
+def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
+    """RMSNorm computed in float32 (as Hugging Face and llama.cpp do), cast back to x.dtype."""
+    x32 = x.astype(jnp.float32)
+    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return (normed * scale.astype(jnp.float32)).astype(x.dtype)
+
+
+def rope_angles(positions: jax.Array, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
+    """cos, sin of shape [B, T, D/2] for integer positions [B, T]."""
+    inv_freq = theta ** (-jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim)
+    angles = positions.astype(jnp.float32)[..., None] * inv_freq
+    return jnp.cos(angles), jnp.sin(angles)
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array, layout: str) -> jax.Array:
+    """Rotate x [B, T, H, D] by the angles.
+
+    layout "interleaved" rotates pairs (2i, 2i+1); "half" rotates pairs (i, i + D/2).
+    """
+    x32 = x.astype(jnp.float32)
+    cos, sin = cos[:, :, None, :], sin[:, :, None, :]
+    if layout == "interleaved":
+        x1, x2 = x32[..., 0::2], x32[..., 1::2]
+        out = jnp.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1).reshape(x.shape)
+    else:
+        half = x.shape[-1] // 2
+        x1, x2 = x32[..., :half], x32[..., half:]
+        out = jnp.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1)
+    return out.astype(x.dtype)
+
+
+def write_block(cache_layer: jax.Array, block: jax.Array, lengths: jax.Array) -> jax.Array:
+    """Write block [B, T, K, D] into cache_layer [B, S, K, D] at rows' offsets lengths [B].
+
+    Callers guarantee lengths + T <= S (dynamic_update_slice would otherwise clamp the start).
+    """
+
+    def one_row(c, blk, start):
+        return jax.lax.dynamic_update_slice(c, blk.astype(c.dtype), (start, 0, 0))
+
+    return jax.vmap(one_row)(cache_layer, block, lengths)
+
+
+def attention(
+    p: dict,
+    x: jax.Array,
+    cos: jax.Array,
+    sin: jax.Array,
+    k_cache: jax.Array,
+    v_cache: jax.Array,
+    lengths: jax.Array,
+    tree_mask: jax.Array,
+    cfg: ModelConfig,
+    impl: AttentionImpl,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Grouped-query attention of the block x [B, T, M] over the cache plus the block itself.
+
+    Writes the block's K/V at [lengths, lengths + T) and returns (out [B, T, M], k_cache, v_cache).
+    """
+    b, t, _ = x.shape
+    h, kh, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    q = x @ p["wq"]
+    k = x @ p["wk"]
+    v = x @ p["wv"]
+    if cfg.qkv_bias:
+        q, k, v = q + p["bq"], k + p["bk"], v + p["bv"]
+    q = apply_rope(q.reshape(b, t, h, d), cos, sin, cfg.rope_layout)
+    k = apply_rope(k.reshape(b, t, kh, d), cos, sin, cfg.rope_layout)
+    v = v.reshape(b, t, kh, d)
+    k_cache = write_block(k_cache, k, lengths)
+    v_cache = write_block(v_cache, v, lengths)
+    out = attend(q, k_cache, v_cache, lengths, tree_mask, impl)
+    return out.reshape(b, t, h * d) @ p["wo"], k_cache, v_cache
+
+
+def swiglu(p: dict, x: jax.Array) -> jax.Array:
+    """SwiGLU feed-forward: down(silu(gate x) * up x)."""
+    return (jax.nn.silu(x @ p["w_gate"]) * (x @ p["w_up"])) @ p["w_down"]
+
+
+def decoder_layer(
+    p: dict,
+    x: jax.Array,
+    cos: jax.Array,
+    sin: jax.Array,
+    k_cache: jax.Array,
+    v_cache: jax.Array,
+    lengths: jax.Array,
+    tree_mask: jax.Array,
+    cfg: ModelConfig,
+    impl: AttentionImpl,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """One pre-norm decoder layer; returns (x [B, T, M], k_cache, v_cache) for this layer."""
+    attn_out, k_cache, v_cache = attention(
+        p,
+        rms_norm(x, p["attn_norm"], cfg.norm_eps),
+        cos,
+        sin,
+        k_cache,
+        v_cache,
+        lengths,
+        tree_mask,
+        cfg,
+        impl,
+    )
+    x = x + attn_out
+    x = x + swiglu(p, rms_norm(x, p["mlp_norm"], cfg.norm_eps))
+    return x, k_cache, v_cache

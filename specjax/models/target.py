@@ -1,0 +1,203 @@
+"""Llama-family target model (Llama, Mistral, Qwen2 without sliding window) in Flax NNX.
+
+Axis letters: B batch, T query tokens in this call, S cache length, H query heads, K kv heads,
+D head dim, M model dim, F ffn dim, V vocab, L layers.
+
+Weights are stacked over layers so one `lax.scan` runs any layer range [start, end). Hidden-state
+index convention: hidden[i] is the residual stream entering layer i (hidden[0] = embeddings,
+hidden[L] = output of the last layer, before the final norm).
+"""
+
+from __future__ import annotations
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from specjax.attention import AttentionImpl
+from specjax.cache import KVCache
+from specjax.config import ModelConfig
+from specjax.models.layers import decoder_layer, rms_norm, rope_angles
+
+
+# Canonical weight names and their shapes (the contract every checkpoint reader fills).
+def weight_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    L, M, F, V = cfg.n_layers, cfg.d_model, cfg.ffn_dim, cfg.vocab_size
+    hd, kd = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+    shapes = {
+        "embed": (V, M),
+        "attn_norm": (L, M),
+        "wq": (L, M, hd),
+        "wk": (L, M, kd),
+        "wv": (L, M, kd),
+        "wo": (L, hd, M),
+        "mlp_norm": (L, M),
+        "w_gate": (L, M, F),
+        "w_up": (L, M, F),
+        "w_down": (L, F, M),
+        "final_norm": (M,),
+    }
+    if cfg.qkv_bias:
+        shapes.update(bq=(L, hd), bk=(L, kd), bv=(L, kd))
+    if not cfg.tie_embeddings:
+        shapes["lm_head"] = (M, V)
+    return shapes
+
+
+LAYER_WEIGHTS = (
+    "attn_norm",
+    "wq",
+    "wk",
+    "wv",
+    "wo",
+    "bq",
+    "bk",
+    "bv",
+    "mlp_norm",
+    "w_gate",
+    "w_up",
+    "w_down",
+)
+
+
+@flax.struct.dataclass
+class ForwardOutput:
+    logits: jax.Array | None  # [B, T, V] (or [B, R, V] with logits_index), None if not computed
+    hidden: dict  # {layer index: [B, T, M]} for the requested indices
+    cache: KVCache
+
+
+class Layers(nnx.Module):
+    """The decoder stack: every weight has a leading L axis."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        dtype = jnp.dtype(cfg.dtype)
+        for name, shape in weight_shapes(cfg).items():
+            if name not in LAYER_WEIGHTS:
+                continue
+            if name.endswith("norm"):
+                value = jnp.ones(shape, dtype)
+            elif name.startswith("b"):
+                value = 0.02 * jax.random.normal(rngs.params(), shape, dtype)
+            else:
+                fan_in = shape[1]
+                value = jax.random.normal(rngs.params(), shape, dtype) / jnp.sqrt(fan_in)
+            setattr(self, name, nnx.Param(value))
+
+    def arrays(self) -> dict[str, jax.Array]:
+        return {n: getattr(self, n)[...] for n in LAYER_WEIGHTS if hasattr(self, n)}
+
+
+class Llama(nnx.Module):
+    """A Llama-family decoder. Call it on a block of tokens written at each row's cache length."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.config = cfg
+        dtype = jnp.dtype(cfg.dtype)
+        self.embed = nnx.Param(
+            0.5 * jax.random.normal(rngs.params(), (cfg.vocab_size, cfg.d_model), dtype)
+        )
+        self.layers = Layers(cfg, rngs=rngs)
+        self.final_norm = nnx.Param(jnp.ones((cfg.d_model,), dtype))
+        if not cfg.tie_embeddings:
+            self.lm_head = nnx.Param(
+                jax.random.normal(rngs.params(), (cfg.d_model, cfg.vocab_size), dtype)
+                / jnp.sqrt(cfg.d_model)
+            )
+
+    def embed_tokens(self, tokens: jax.Array) -> jax.Array:
+        """tokens [B, T] -> [B, T, M]."""
+        return jnp.take(self.embed[...], tokens, axis=0)
+
+    def head(self, hidden: jax.Array) -> jax.Array:
+        """Final norm + LM head: [..., M] residual stream -> [..., V] float32 logits."""
+        x = rms_norm(hidden, self.final_norm[...], self.config.norm_eps)
+        w = self.embed[...].T if self.config.tie_embeddings else self.lm_head[...]
+        return (x @ w).astype(jnp.float32)
+
+    def __call__(
+        self,
+        tokens: jax.Array | None,
+        *,
+        positions: jax.Array,
+        cache: KVCache,
+        tree_mask: jax.Array,
+        hidden: jax.Array | None = None,
+        layer_range: tuple[int, int] | None = None,
+        return_hidden: tuple[int, ...] = (),
+        logits_index: jax.Array | None = None,
+        compute_logits: bool = True,
+        attn_impl: AttentionImpl = "auto",
+    ) -> ForwardOutput:
+        """Run layers [start, end) on a block written at cache.lengths.
+
+        tokens [B, T] (needed when start == 0) or hidden [B, T, M] (the stream entering `start`);
+        positions [B, T] RoPE positions; tree_mask [B, T, T] which block tokens each token sees
+        (causal for prefill, ancestors for a tree, [[True]] for decode); return_hidden: indices in
+        [start, end] of hidden states to return; logits_index [B, R] selects block rows before the
+        LM head (saves the [B, T, V] product when only a few rows are needed). Logits are computed
+        only when end == L and compute_logits.
+        """
+        cfg = self.config
+        start, end = layer_range or (0, cfg.n_layers)
+        x = self.embed_tokens(tokens) if start == 0 and hidden is None else hidden
+        cos, sin = rope_angles(positions, cfg.head_dim, cfg.rope_theta)
+        weights = self.layers.arrays()
+
+        def body(x, xs):
+            p, k_layer, v_layer = xs
+            x, k_layer, v_layer = decoder_layer(
+                p, x, cos, sin, k_layer, v_layer, cache.lengths, tree_mask, cfg, attn_impl
+            )
+            return x, (k_layer, v_layer)
+
+        # Scan segment by segment so the requested hidden states fall on segment boundaries.
+        bounds = sorted({start, end, *[i for i in return_hidden if start <= i <= end]})
+        hidden_out = {}
+        k_all, v_all = cache.k, cache.v
+        for lo, hi in zip(bounds[:-1], bounds[1:], strict=False):
+            if lo in return_hidden:
+                hidden_out[lo] = x
+            seg = {n: w[lo:hi] for n, w in weights.items()}
+            x, (k_seg, v_seg) = jax.lax.scan(body, x, (seg, k_all[lo:hi], v_all[lo:hi]))
+            k_all = k_all.at[lo:hi].set(k_seg)
+            v_all = v_all.at[lo:hi].set(v_seg)
+        if end in return_hidden:
+            hidden_out[end] = x
+        missing = [i for i in return_hidden if not start <= i <= end]
+        if missing:
+            raise ValueError(f"hidden states {missing} are outside the layer range {start, end}")
+
+        logits = None
+        if end == cfg.n_layers and compute_logits:
+            sel = (
+                x
+                if logits_index is None
+                else jnp.take_along_axis(x, logits_index[:, :, None], axis=1)
+            )
+            logits = self.head(sel)
+        return ForwardOutput(
+            logits=logits, hidden=hidden_out, cache=KVCache(k=k_all, v=v_all, lengths=cache.lengths)
+        )
+
+
+def model_from_weights(cfg: ModelConfig, weights: dict, *, source: str = "checkpoint") -> Llama:
+    """Build a Llama from canonical arrays (see weight_shapes), validating names and shapes."""
+    expected = weight_shapes(cfg)
+    missing = sorted(set(expected) - set(weights))
+    if missing:
+        raise ValueError(f"{source}: missing tensors {missing}")
+    for name, shape in expected.items():
+        got = tuple(weights[name].shape)
+        if got != shape:
+            raise ValueError(
+                f"{source}: tensor {name!r} has shape {got}, expected {shape} "
+                f"from the header/config"
+            )
+    model = nnx.eval_shape(lambda: Llama(cfg, rngs=nnx.Rngs(0)))
+    dtype = jnp.dtype(cfg.dtype)
+    for name in expected:
+        target = model.layers if name in LAYER_WEIGHTS else model
+        getattr(target, name).set_value(jnp.asarray(weights[name], dtype))
+    return model
