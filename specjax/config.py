@@ -84,3 +84,96 @@ class SamplingConfig:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+RULES = ("auto", "greedy", "chain", "tree_onehot", "tree_sampled", "hsd")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TreeConfig:
+    """Static draft-tree topology: branching[d] children for every node at depth d.
+
+    (1,) * k is a chain of k draft tokens; (4, 2, 1) is a root with 4 children, each with 2
+    children, each with 1 child (1 + 4 + 8 + 8 = 21 nodes). Nodes are numbered breadth first, so
+    every depth is a contiguous index range and parents precede children. The content (which tokens)
+    is chosen per step by the drafter; the shape never changes.
+    """
+
+    branching: tuple[int, ...] = (1, 1, 1, 1)
+
+    def __post_init__(self):
+        if not self.branching or any(int(b) < 1 for b in self.branching):
+            raise ValueError(f"tree branching must be a non-empty tuple of ints >= 1, "
+                             f"got {self.branching}")
+
+    @classmethod
+    def chain(cls, k: int) -> TreeConfig:
+        return cls(branching=(1,) * k)
+
+    @property
+    def is_chain(self) -> bool:
+        return all(b == 1 for b in self.branching)
+
+    @property
+    def max_depth(self) -> int:
+        return len(self.branching)
+
+    @property
+    def level_sizes(self) -> tuple[int, ...]:
+        """Number of nodes at each depth 0..max_depth."""
+        sizes = [1]
+        for b in self.branching:
+            sizes.append(sizes[-1] * b)
+        return tuple(sizes)
+
+    @property
+    def num_nodes(self) -> int:
+        return sum(self.level_sizes)
+
+    def level_start(self, depth: int) -> int:
+        return sum(self.level_sizes[:depth])
+
+    def parents(self) -> tuple[int, ...]:
+        """Parent index of every node (-1 for the root), breadth-first numbering."""
+        parents = [-1]
+        for d, b in enumerate(self.branching):
+            start = self.level_start(d)
+            for i in range(self.level_sizes[d]):
+                parents.extend([start + i] * b)
+        return tuple(parents)
+
+    def depths(self) -> tuple[int, ...]:
+        return tuple(d for d, n in enumerate(self.level_sizes) for _ in range(n))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SpecConfig:
+    """Speculative decoding settings.
+
+    rule: "auto" picks greedy at temperature 0, "chain" for chain trees and "tree_onehot" (top-k
+    children) for wider trees; "tree_sampled" draws children i.i.d. from the drafter; "hsd" is
+    hierarchical (sequence-level) verification of sampled chains.
+    attn_impl: "auto" | "reference" | "pallas" | "interpret" (see specjax.attention).
+    """
+
+    tree: TreeConfig = TreeConfig()
+    rule: str = "auto"
+    attn_impl: str = "auto"
+
+    def __post_init__(self):
+        if self.rule not in RULES:
+            raise ValueError(f"unknown acceptance rule {self.rule!r}; choose from {RULES}")
+        if self.rule in ("chain", "hsd") and not self.tree.is_chain:
+            raise ValueError(f"rule {self.rule!r} needs a chain tree, got branching "
+                             f"{self.tree.branching}")
+
+    def resolved_rule(self, sampling: SamplingConfig) -> str:
+        if sampling.greedy:
+            return "greedy"
+        if self.rule != "auto":
+            return self.rule
+        return "chain" if self.tree.is_chain else "tree_onehot"
+
+    def children_sampled(self, sampling: SamplingConfig) -> bool:
+        """Whether drafted children are sampled from q (else: top-k of q, one-hot q)."""
+        return self.resolved_rule(sampling) in ("chain", "tree_sampled", "hsd")

@@ -1,0 +1,193 @@
+"""The Drafter protocol the speculative engine calls, and the language-model drafter.
+
+Axis letters: B batch, N tree nodes, S cache length, V vocab, T prompt tokens.
+
+A drafter is an `nnx.Module` (split outside jit, merged inside, like the target) with three
+methods, all traced inside the engine's `lax.while_loop`:
+
+- `init_state(target, prompt_ids, prompt_lens, cache_len)` -> drafter state (a pytree), after the
+  target prefill; the committed sequence is prompt_ids[b, :prompt_lens[b]].
+- `propose(state, target, root_ctx, tree_cfg, sampling, sample_children, key)` -> (DraftTree, state):
+  a tree whose node 0 is the pending root token.
+- `commit(state, acceptance, advance, target_hidden)` -> state, after verification.
+
+The engine's convention: the target cache holds positions [0, lengths); the root (the last emitted
+token) is pending at position `lengths`; the verified tree block is written at [lengths, lengths+N).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from specjax.cache import KVCache, commit_path, init_cache
+from specjax.config import SamplingConfig, TreeConfig
+from specjax.decode import causal_block_mask
+from specjax.sampling import apply_sampling
+from specjax.tree import Acceptance, DraftTree
+
+
+@flax.struct.dataclass
+class RootContext:
+    """What a drafter may know about each row when it proposes.
+
+    root [B]: pending token at position lengths; prev [B]: committed token at lengths - 1;
+    lengths [B]: committed positions in the target cache.
+    """
+
+    root: jax.Array
+    prev: jax.Array
+    lengths: jax.Array
+
+
+def tree_constants(tree_cfg: TreeConfig, batch: int) -> tuple[jax.Array, jax.Array]:
+    """parents [B, N] and depth [B, N] of the static topology."""
+    parents = jnp.asarray(tree_cfg.parents(), jnp.int32)
+    depth = jnp.asarray(tree_cfg.depths(), jnp.int32)
+    n = tree_cfg.num_nodes
+    return jnp.broadcast_to(parents, (batch, n)), jnp.broadcast_to(depth, (batch, n))
+
+
+def static_ancestor_mask(tree_cfg: TreeConfig) -> jax.Array:
+    """[N, N] bool: mask[i, j] = node j is node i or one of its ancestors."""
+    parents = tree_cfg.parents()
+    n = len(parents)
+    rows = []
+    for i in range(n):
+        row, j = [False] * n, i
+        while j >= 0:
+            row[j] = True
+            j = parents[j]
+        rows.append(row)
+    return jnp.asarray(rows, bool)
+
+
+def choose_children(logits: jax.Array, n_children: int, sample: bool, sampling: SamplingConfig,
+                    keys: jax.Array):
+    """Children of W frontier nodes from draft logits [B, W, V]; keys [B] per-row PRNG keys.
+
+    Returns (tokens [B, W, c], prob [B, W, c] = q(token), q [B, W, V]). Sampled children are drawn
+    i.i.d. from q (with replacement); otherwise they are the top-c tokens of q (deterministic).
+    """
+    if sampling.greedy:
+        q = jax.nn.one_hot(jnp.argmax(logits, -1), logits.shape[-1], dtype=jnp.float32)
+        # Top-c of the logits so a tree still has distinct candidates under greedy decoding.
+        _, tokens = jax.lax.top_k(logits, n_children)
+    else:
+        q = apply_sampling(logits, sampling)
+        if sample:
+            keys = jax.vmap(lambda k: jax.random.split(k, logits.shape[1]))(keys)  # [B, W]
+            tokens = jax.vmap(jax.vmap(
+                lambda k, p: jax.random.categorical(k, jnp.log(p), shape=(n_children,))
+            ))(keys, q)
+        else:
+            _, tokens = jax.lax.top_k(q, n_children)
+    prob = jnp.take_along_axis(q, tokens, axis=-1)
+    return tokens.astype(jnp.int32), prob, q
+
+
+@flax.struct.dataclass
+class LMDrafterState:
+    cache: KVCache  # the drafter's own cache: [Ld, B, S, K, D], lengths = target lengths
+
+
+class LMDrafter(nnx.Module):
+    """Standard speculative decoding with a language model as drafter.
+
+    Either a separate small LM with the target's vocabulary (`LMDrafter(draft_model)`, e.g.
+    llama2xs-279K drafting for stories260K), or self-drafting with the target's first `n_layers`
+    layers and its own LM head (`LMDrafter.self_draft(n_layers)`).
+
+    Drafting a tree: the topology is static (TreeConfig.branching); at each depth the drafter runs
+    on the whole block [prev, root, nodes...] with the ancestor mask and expands the frontier with
+    children chosen from its distribution (top-c or sampled). Running the full block at every depth
+    recomputes shallower nodes, which keeps every call one fixed shape; for the small drafters this
+    library targets the extra FLOPs are cheaper than extra shapes. `prev` (the last committed token)
+    is refed so the drafter's cache never has a hole after a fully accepted draft.
+    """
+
+    def __init__(self, draft_model=None, *, n_layers: int | None = None):
+        self.draft_model = draft_model
+        self.self_draft_layers = n_layers
+
+    @classmethod
+    def self_draft(cls, n_layers: int) -> LMDrafter:
+        if n_layers < 1:
+            raise ValueError(f"self-drafting needs at least one layer, got {n_layers}")
+        return cls(None, n_layers=n_layers)
+
+    def check_compatible(self, target) -> None:
+        """Raise ValueError if this drafter cannot draft for `target`."""
+        if self.draft_model is None:
+            if self.self_draft_layers > target.config.n_layers:
+                raise ValueError(f"self-draft uses {self.self_draft_layers} layers but the target "
+                                 f"has only {target.config.n_layers}")
+            return
+        dv, tv = self.draft_model.config.vocab_size, target.config.vocab_size
+        if dv != tv:
+            raise ValueError(f"vocab mismatch between target ({tv}) and drafter ({dv}): a draft "
+                             "model must share the target's tokenizer")
+
+    def _model_and_layers(self, target):
+        if self.draft_model is None:
+            return target, self.self_draft_layers
+        return self.draft_model, self.draft_model.config.n_layers
+
+    def _forward(self, target, tokens, positions, cache, tree_mask):
+        model, n = self._model_and_layers(target)
+        out = model(tokens, positions=positions, cache=cache, tree_mask=tree_mask,
+                    layer_range=(0, n), return_hidden=(n,), compute_logits=False)
+        return model.head(out.hidden[n]), out.cache
+
+    def init_state(self, target, prompt_ids, prompt_lens, cache_len) -> LMDrafterState:
+        model, n = self._model_and_layers(target)
+        b, t = prompt_ids.shape
+        cache = init_cache(dataclasses.replace(model.config, n_layers=n), b, cache_len)
+        positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+        _, cache = self._forward(target, prompt_ids, positions, cache, causal_block_mask(b, t))
+        return LMDrafterState(cache=cache.replace(lengths=prompt_lens))
+
+    def propose(self, state: LMDrafterState, target, ctx: RootContext, tree_cfg: TreeConfig,
+                sampling: SamplingConfig, sample_children: bool, keys) -> tuple[DraftTree,
+                                                                                LMDrafterState]:
+        b = ctx.root.shape[0]
+        n = tree_cfg.num_nodes
+        parents, depth = tree_constants(tree_cfg, b)
+        # Block = [prev, node 0 = root, nodes 1..N-1], written from lengths - 1.
+        anc = static_ancestor_mask(tree_cfg)
+        block_mask = jnp.ones((n + 1, n + 1), bool).at[1:, 1:].set(anc).at[0, 1:].set(False)
+        block_mask = jnp.broadcast_to(block_mask, (b, n + 1, n + 1))
+        positions = jnp.concatenate(
+            [(ctx.lengths - 1)[:, None], ctx.lengths[:, None] + depth], axis=1)
+        cache = state.cache.replace(lengths=ctx.lengths - 1)
+        tokens = jnp.zeros((b, n), jnp.int32).at[:, 0].set(ctx.root)
+        prob = jnp.ones((b, n), jnp.float32)
+        vocab = target.config.vocab_size
+        dist = jnp.zeros((b, n, vocab), jnp.float32)
+        keys = jax.vmap(lambda k: jax.random.split(k, tree_cfg.max_depth))(keys)  # [B, D]
+        for d, c in enumerate(tree_cfg.branching):
+            block = jnp.concatenate([ctx.prev[:, None], tokens], axis=1)
+            logits, cache = self._forward(target, block, positions, cache, block_mask)
+            lo, width = tree_cfg.level_start(d), tree_cfg.level_sizes[d]
+            frontier_logits = logits[:, 1 + lo: 1 + lo + width]  # [B, W, V]
+            child_tokens, child_prob, q = choose_children(frontier_logits, c, sample_children,
+                                                          sampling, keys[:, d])
+            start = tree_cfg.level_start(d + 1)
+            tokens = tokens.at[:, start:start + width * c].set(child_tokens.reshape(b, -1))
+            prob = prob.at[:, start:start + width * c].set(child_prob.reshape(b, -1))
+            dist = dist.at[:, lo:lo + width].set(q)
+        tree = DraftTree(tokens=tokens, parents=parents, depth=depth,
+                         valid=jnp.ones((b, n), bool), draft_prob=prob, draft_dist=dist)
+        # The last forward wrote every node's K/V except the deepest level's; commit moves the
+        # accepted ones into place (a fully accepted deepest node is refed next step as `prev`).
+        return tree, LMDrafterState(cache=cache.replace(lengths=ctx.lengths))
+
+    def commit(self, state: LMDrafterState, acceptance: Acceptance, advance,
+               target_hidden=None) -> LMDrafterState:
+        del target_hidden
+        return LMDrafterState(cache=commit_path(state.cache, acceptance.path,
+                                                acceptance.n_accepted, advance))

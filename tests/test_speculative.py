@@ -1,0 +1,174 @@
+"""speculative_generate end to end: greedy equality, batch independence, loop structure, errors."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import specjax
+from specjax import speculative
+from specjax.config import TINY, SamplingConfig, SpecConfig, TreeConfig
+from specjax.drafting import LMDrafter
+from specjax.paths import LLAMA2XS, SMOLLM2, STORIES260K
+
+TREES = {
+    "chain3": TreeConfig.chain(3),
+    "tree_3_2_1": TreeConfig(branching=(3, 2, 1)),
+}
+RAGGED = [[1, 5, 7], [1, 2, 3, 4, 5, 6, 7, 8], [3], [9, 9, 2, 11, 4]]
+
+
+@pytest.fixture(scope="module")
+def tiny_pair():
+    target = specjax.Llama(TINY, rngs=nnx.Rngs(0))
+    # A drafter that agrees with the target often but not always: the target's own first layer.
+    return target, LMDrafter.self_draft(1)
+
+
+@pytest.mark.parametrize("tree", list(TREES))
+def test_greedy_equals_generate_tiny(tiny_pair, tree):
+    target, drafter = tiny_pair
+    ref = specjax.generate(target, RAGGED, max_new_tokens=20)
+    out = specjax.speculative_generate(target, drafter, RAGGED, max_new_tokens=20,
+                                       config=SpecConfig(tree=TREES[tree]))
+    np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
+    np.testing.assert_array_equal(np.asarray(out.lengths), np.asarray(ref.lengths))
+    assert (np.asarray(out.stats["tau"]) >= 1).all()
+
+
+def test_eos_and_lengths_match_generate(tiny_pair):
+    target, drafter = tiny_pair
+    ref = specjax.generate(target, RAGGED, max_new_tokens=16)
+    eos = int(ref.tokens[1, 5])
+    ref = specjax.generate(target, RAGGED, max_new_tokens=16, eos_id=eos)
+    out = specjax.speculative_generate(target, drafter, RAGGED, max_new_tokens=16, eos_id=eos)
+    np.testing.assert_array_equal(np.asarray(out.lengths), np.asarray(ref.lengths))
+    np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
+
+
+@pytest.mark.parametrize("rule", ["chain", "hsd", "tree_onehot", "tree_sampled"])
+def test_row_output_independent_of_other_rows(tiny_pair, rule):
+    target, drafter = tiny_pair
+    tree = TreeConfig.chain(3) if rule in ("chain", "hsd") else TreeConfig(branching=(2, 2))
+    cfg = SpecConfig(tree=tree, rule=rule)
+    sampling = SamplingConfig(temperature=1.0)
+    keys = jax.random.split(jax.random.key(7), 4)
+    batch = specjax.speculative_generate(target, drafter, RAGGED, max_new_tokens=12,
+                                         config=cfg, sampling=sampling, key=keys)
+    other = [[4, 4], [12, 1, 1, 3, 5], RAGGED[2], [7]]  # row 2 kept, the others changed
+    mixed = specjax.speculative_generate(target, drafter, other, max_new_tokens=12,
+                                         config=cfg, sampling=sampling, key=keys)
+    np.testing.assert_array_equal(np.asarray(batch.tokens[2]), np.asarray(mixed.tokens[2]))
+    alone = specjax.speculative_generate(target, drafter, [RAGGED[2]], max_new_tokens=12,
+                                         config=cfg, sampling=sampling, key=keys[2:3])
+    np.testing.assert_array_equal(np.asarray(batch.tokens[2]), np.asarray(alone.tokens[0]))
+
+
+def test_no_recompile_and_single_while_loop(tiny_pair):
+    target, drafter = tiny_pair
+    statics = ("target_def", "drafter_def", "max_new_tokens", "config", "sampling")
+    jitted = jax.jit(chex.assert_max_traces(speculative._speculative.__wrapped__, n=1),
+                     static_argnames=statics)
+    tdef, tparams = nnx.split(target)
+    ddef, dparams = nnx.split(drafter)
+    cfg, sampling = SpecConfig(tree=TreeConfig(branching=(2, 1))), SamplingConfig(temperature=1.0)
+    keys = specjax.decode.row_keys(jax.random.key(0), 2)
+    kwargs = dict(max_new_tokens=6, config=cfg, sampling=sampling)
+    for prompts in ([[1, 2, 3], [4, 5, 6]], [[7, 8, 9], [2, 2, 2]]):
+        ids, lens = specjax.decode.prepare_prompts(prompts, TINY, 6, 5)
+        jitted(tdef, tparams, ddef, dparams, ids, lens, keys, jnp.int32(-1), **kwargs)
+    ids, lens = specjax.decode.prepare_prompts([[1, 2, 3]], TINY, 6, 5)
+    fn = speculative._speculative.__wrapped__
+    jaxpr = str(jax.make_jaxpr(lambda tp, dp, i, l, k: fn(tdef, tp, ddef, dp, i, l, k,
+                                                         jnp.int32(-1), **kwargs))(
+        tparams, dparams, ids, lens, keys[:1]))
+    # One outer while loop; the acceptance rules may use fori_loops, which lower to while too,
+    # so count the loops at the top level of the jaxpr only.
+    top = [line for line in jaxpr.splitlines() if line.startswith("    ") and "while[" in line
+           and not line.startswith("      ")]
+    assert len(top) == 1, top
+    assert "callback" not in jaxpr
+
+
+def test_vocab_mismatch_is_rejected():
+    target = specjax.Llama(TINY, rngs=nnx.Rngs(0))
+    other = specjax.Llama(specjax.ModelConfig(**{**TINY.__dict__, "vocab_size": 32}),
+                          rngs=nnx.Rngs(1))
+    with pytest.raises(ValueError, match="vocab mismatch"):
+        specjax.speculative_generate(target, LMDrafter(other), [[1, 2]], max_new_tokens=4)
+
+
+def test_rule_needs_chain():
+    with pytest.raises(ValueError, match="needs a chain"):
+        SpecConfig(tree=TreeConfig(branching=(2, 1)), rule="hsd")
+
+
+def test_prompt_too_long_counts_draft_slots():
+    target = specjax.Llama(TINY, rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match="draft slots"):
+        specjax.speculative_generate(target, LMDrafter.self_draft(1), [[1] * 100],
+                                     max_new_tokens=20)
+
+
+# --- real checkpoints ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def stories_pair(shared_dir):
+    if not (shared_dir / STORIES260K).exists():
+        pytest.skip("stories260K missing")
+    target = specjax.load(shared_dir / STORIES260K)
+    drafter = LMDrafter(specjax.load(shared_dir / LLAMA2XS).model)
+    return target, drafter
+
+
+def tinystories_prompts(shared_dir, tokenizer, n, words=8):
+    text = (shared_dir / "data" / "tinystories_dev.txt").read_text()
+    paras = [p.strip() for p in text.split("\n\n") if p.strip()]
+    return [tokenizer.encode(" ".join(p.split()[:words]), bos=True) for p in paras[:n]]
+
+
+@pytest.mark.parametrize("tree", [TreeConfig.chain(4), TreeConfig(branching=(4, 2, 1))],
+                         ids=["chain4", "tree_4_2_1"])
+def test_greedy_equals_generate_stories260k(stories_pair, shared_dir, tree):
+    target, drafter = stories_pair
+    prompts = tinystories_prompts(shared_dir, target.tokenizer, 16)
+    ref = specjax.generate(target.model, prompts, max_new_tokens=64)
+    out = specjax.speculative_generate(target.model, drafter, prompts, max_new_tokens=64,
+                                       config=SpecConfig(tree=tree))
+    np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
+    assert float(np.mean(out.stats["tau"])) > 1.5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("batch", [1, 8])
+@pytest.mark.parametrize("tree", [TreeConfig.chain(4), TreeConfig(branching=(4, 2, 1))],
+                         ids=["chain4", "tree_4_2_1"])
+def test_greedy_equals_generate_stories260k_50_prompts(stories_pair, shared_dir, tree, batch):
+    target, drafter = stories_pair
+    prompts = tinystories_prompts(shared_dir, target.tokenizer, 50)
+    for i in range(0, 50, batch):
+        chunk = prompts[i:i + batch]
+        ref = specjax.generate(target.model, chunk, max_new_tokens=128)
+        out = specjax.speculative_generate(target.model, drafter, chunk, max_new_tokens=128,
+                                           config=SpecConfig(tree=tree))
+        np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
+
+
+@pytest.mark.slow
+def test_greedy_equals_generate_smollm2_self_draft(shared_dir):
+    import json
+
+    loaded = specjax.load(shared_dir / SMOLLM2)
+    tok = loaded.tokenizer
+    lines = (shared_dir / "data" / "mt_bench_question.jsonl").read_text().splitlines()[:10]
+    prompts = [tok.encode(tok.apply_chat([{"role": "user", "content": json.loads(x)["turns"][0]}],
+                                         add_generation_prompt=True), bos=False) for x in lines]
+    drafter = LMDrafter.self_draft(8)
+    for prompt in prompts:
+        ref = specjax.generate(loaded.model, [prompt], max_new_tokens=64, eos_id=tok.eos_id)
+        out = specjax.speculative_generate(loaded.model, drafter, [prompt], max_new_tokens=64,
+                                           eos_id=tok.eos_id)
+        np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
