@@ -1,22 +1,17 @@
 """specjax: lossless speculative decoding for Llama-family models in JAX.
 
-Public API: load, generate, score, speculative_generate (and the config dataclasses).
+Public API: load, generate, score, speculative_generate, the drafters and the config dataclasses.
 """
 
-from specjax.config import TINY, ModelConfig, SamplingConfig
+from specjax.config import TINY, ModelConfig, SamplingConfig, SpecConfig, TreeConfig
 from specjax.decode import GenerateOutput, generate, score
+from specjax.drafting import LMDrafter
 from specjax.io import Loaded, load
 from specjax.models.target import Llama
+from specjax.speculative import speculative_generate
 
 __all__ = [
-    "TINY",
-    "GenerateOutput",
-    "Llama",
-    "Loaded",
-    "ModelConfig",
-    "SamplingConfig",
-    "generate",
-    "load",
-    "score",
+    "TINY", "GenerateOutput", "LMDrafter", "Llama", "Loaded", "ModelConfig", "SamplingConfig",
+    "SpecConfig", "TreeConfig", "generate", "load", "score", "speculative_generate",
 ]
 __version__ = "0.1.0"

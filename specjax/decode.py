@@ -24,6 +24,9 @@ from specjax.cache import KVCache, init_cache
 from specjax.config import ModelConfig, SamplingConfig
 
 
+PROMPT_BUCKET = 16
+
+
 @flax.struct.dataclass
 class GenerateOutput:
     """tokens [B, max_new_tokens] int32 (slots past lengths hold 0), lengths [B] generated tokens
@@ -38,6 +41,8 @@ def prepare_prompts(
     prompts, cfg: ModelConfig, max_new_tokens: int, extra_slots: int = 0
 ) -> tuple[np.ndarray, np.ndarray]:
     """Validate prompts and right-pad them: returns (ids [B, T] int32, prompt_lens [B] int32).
+
+    T is the longest prompt rounded up to a multiple of PROMPT_BUCKET (capped by the budget).
 
     prompts: a list of token-id lists (ragged) or an int array [B, T]. Raises ValueError before any
     compilation for empty prompts, ids outside the vocabulary and prompts that would not fit in the
@@ -78,7 +83,10 @@ def prepare_prompts(
             + (f" - {extra_slots} draft slots" if extra_slots else "")
             + f" leaves {budget}; shorten the prompt or lower max_new_tokens"
         )
-    ids = np.zeros((len(rows), lens.max()), np.int32)
+    # Pad to a multiple of PROMPT_BUCKET (within the budget) so prompts of similar lengths share
+    # one compiled program; padding is never attended to.
+    width = min(-(-int(lens.max()) // PROMPT_BUCKET) * PROMPT_BUCKET, budget)
+    ids = np.zeros((len(rows), width), np.int32)
     for i, r in enumerate(rows):
         if r.size and (r.min() < 0 or r.max() >= cfg.vocab_size):
             raise ValueError(

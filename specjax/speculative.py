@@ -29,7 +29,7 @@ from specjax.decode import (GenerateOutput, check_sampling, choose_tokens, prefi
                             prepare_prompts, row_keys)
 from specjax.drafting import RootContext, static_ancestor_mask
 from specjax.sampling import apply_sampling
-from specjax.verify import RULES
+from specjax import verify as rules
 
 
 @flax.struct.dataclass
@@ -62,7 +62,7 @@ def _speculative(target_def, target_params, drafter_def, drafter_params, ids, pr
     drafter = nnx.merge(drafter_def, drafter_params)
     tree_cfg = config.tree
     rule = config.resolved_rule(sampling)
-    verify = RULES[rule]
+    verify = rules.RULES[rule]
     sample_children = config.children_sampled(sampling)
     b, t = ids.shape
     n, p = tree_cfg.num_nodes, tree_cfg.max_depth + 1

@@ -1,0 +1,98 @@
+"""Measurement helpers shared by the experiments: prompt sets, interleaved timing, headers.
+
+Speed is always measured side by side in one process: every repetition runs each method once, in
+turn, so drifts of the machine hit all methods alike; compile time is measured separately (the
+first call of each method) and excluded from the repetitions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from specjax.paths import shared_dir
+
+
+def tinystories_prompts(tokenizer, n: int, words: int = 8, offset: int = 0) -> list[list[int]]:
+    """The first `words` words of TinyStories dev paragraphs, BOS-prefixed."""
+    text = (shared_dir() / "data" / "tinystories_dev.txt").read_text()
+    paras = [p.strip() for p in text.split("\n\n") if p.strip()][offset:offset + n]
+    return [tokenizer.encode(" ".join(p.split()[:words]), bos=True) for p in paras]
+
+
+def jsonl_prompts(path: str | Path, tokenizer, n: int, chat: bool = True) -> list[list[int]]:
+    """First turns of a Spec-Bench style jsonl file (question_id, category, turns)."""
+    path = Path(path)
+    if not path.is_absolute() and not path.exists():
+        path = shared_dir() / "data" / path
+    out = []
+    for line in path.read_text().splitlines()[:n]:
+        turn = json.loads(line)["turns"][0]
+        if chat:
+            text = tokenizer.apply_chat([{"role": "user", "content": turn}],
+                                        add_generation_prompt=True)
+            out.append(tokenizer.encode(text, bos=False))
+        else:
+            out.append(tokenizer.encode(turn, bos=True))
+    return out
+
+
+@dataclasses.dataclass
+class Timing:
+    compile_s: float
+    runs_s: list[float]
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.runs_s)
+
+    @property
+    def spread(self) -> tuple[float, float]:
+        return min(self.runs_s), max(self.runs_s)
+
+
+def time_interleaved(methods: dict[str, Callable[[], object]], reps: int = 3) -> dict[str, Timing]:
+    """Call each method once to compile (timed as compile_s), then `reps` interleaved timed runs.
+
+    Each callable must block until its result is ready (or return arrays; they are waited on).
+    """
+    timings = {}
+    for name, fn in methods.items():
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn())
+        timings[name] = Timing(compile_s=time.perf_counter() - t0, runs_s=[])
+    for _ in range(reps):
+        for name, fn in methods.items():
+            t0 = time.perf_counter()
+            jax.block_until_ready(fn())
+            timings[name].runs_s.append(time.perf_counter() - t0)
+    for t in timings.values():  # the first call also ran the program once
+        t.compile_s = max(t.compile_s - t.median, 0.0)
+    return timings
+
+
+def mean_ci(values, z: float = 1.96) -> tuple[float, float]:
+    """Mean and the half-width of its normal-approximation 95% confidence interval."""
+    arr = np.asarray(values, np.float64)
+    if arr.size < 2:
+        return float(arr.mean()), float("nan")
+    return float(arr.mean()), float(z * arr.std(ddof=1) / np.sqrt(arr.size))
+
+
+def device_header(**settings) -> str:
+    """A markdown header naming the machine and the settings of a results file."""
+    dev = jax.devices()[0]
+    lines = [
+        f"- backend: {jax.default_backend()}, device: {dev.device_kind}, "
+        f"host: {platform.machine()} ({platform.processor() or 'cpu'}), jax {jax.__version__}",
+    ]
+    lines += [f"- {k.replace('_', ' ')}: {v}" for k, v in settings.items()]
+    return "\n".join(lines)
