@@ -46,8 +46,10 @@ class Acceptance:
     """What an acceptance rule returns, per row.
 
     path:       [B, P] int32  accepted node indices from the root: path[:, 0] = 0, then the
-                              accepted nodes in order; slots past n_accepted hold 0 (P = max depth + 1).
-    n_accepted: [B] int32     number of accepted draft tokens (0..max depth); the root is not counted.
+                              accepted nodes in order; slots past n_accepted hold 0
+                              (P = max depth + 1).
+    n_accepted: [B] int32     number of accepted draft tokens (0..max depth); the root is not
+                              counted.
     next_token: [B] int32     the extra token: correction at the first rejection, or bonus token.
     """
 
@@ -73,3 +75,204 @@ def chain_tree(root_tokens: jax.Array, draft_tokens: jax.Array, draft_prob: jax.
     prob = jnp.concatenate([jnp.ones((b, 1), draft_prob.dtype), draft_prob], axis=1)
     return DraftTree(tokens=tokens, parents=parents, depth=depth, valid=valid, draft_prob=prob,
                      draft_dist=draft_dist)
+
+
+# ---------------------------------------------------------------------------------------------
+# Topology helpers. All are jittable with static shapes; `max_depth` (P = max_depth + 1) is a
+# static Python int wherever it appears.
+# ---------------------------------------------------------------------------------------------
+
+
+def ancestor_mask(parents: jax.Array) -> jax.Array:
+    """[B, N, N] bool: mask[b, i, j] = node j is node i or an ancestor of node i.
+
+    parents [B, N] int32 in topological order (parents[b, i] < i, -1 for the root). Invalid nodes
+    are not special: they still see themselves and their ancestors, which keeps their attention
+    rows non-empty (no NaN from an all-masked softmax).
+    """
+    n = parents.shape[1]
+    eye = jnp.eye(n, dtype=bool)
+
+    def one_row(par):  # par [N]
+        def body(i, mask):
+            pi = par[i]
+            # parents[i] < i, so the parent's row is already final when node i is reached.
+            inherited = jnp.where(pi >= 0, mask[jnp.maximum(pi, 0)], False)
+            return mask.at[i].set(eye[i] | inherited)
+
+        return jax.lax.fori_loop(1, n, body, eye)
+
+    return jax.vmap(one_row)(parents)
+
+
+def positions(tree: DraftTree, lengths: jax.Array) -> jax.Array:
+    """[B, N] int32 cache positions of the tree nodes: lengths [B] + depth (the root sits at
+    position lengths, its children at lengths + 1, ...)."""
+    return (lengths[:, None] + tree.depth).astype(jnp.int32)
+
+
+def causal_mask(batch: int, t: int) -> jax.Array:
+    """[B, T, T] bool lower-triangular mask (a chain of T tokens: each sees itself and earlier)."""
+    return jnp.broadcast_to(jnp.tril(jnp.ones((t, t), bool)), (batch, t, t))
+
+
+def _ancestor_chain(parents: jax.Array, nodes: jax.Array, max_depth: int) -> jax.Array:
+    """[B, ..., P]: chain[..., s] = the s-th ancestor of `nodes` (s = 0: the node), -1 past the
+    root. parents [B, N]; nodes [B, ...] int."""
+    b = parents.shape[0]
+    flat = nodes.reshape(b, -1)
+    steps = [flat]
+    cur = flat
+    for _ in range(max_depth):
+        up = jnp.take_along_axis(parents, jnp.maximum(cur, 0), axis=1)
+        cur = jnp.where(cur >= 0, up, -1)
+        steps.append(cur)
+    return jnp.stack(steps, axis=-1).reshape(nodes.shape + (max_depth + 1,))
+
+
+def _root_first(chain: jax.Array) -> jax.Array:
+    """Reverse an ancestor chain [..., P] (node first, -1 padded) into a root-first path padded
+    with 0 after the node."""
+    p = chain.shape[-1]
+    depth = jnp.sum(chain >= 0, axis=-1, keepdims=True) - 1  # [..., 1]
+    slot = jnp.arange(p)
+    src = jnp.clip(depth - slot, 0, p - 1)
+    path = jnp.take_along_axis(chain, src, axis=-1)
+    return jnp.where(slot <= depth, path, 0).astype(jnp.int32)
+
+
+def node_paths(parents: jax.Array, max_depth: int) -> jax.Array:
+    """[B, N, P] int32: paths[b, i] = root-to-node indices of node i (paths[b, i, 0] = 0,
+    paths[b, i, depth(i)] = i), slots past depth(i) hold 0. Same layout as Acceptance.path.
+
+    parents [B, N]; every node's depth must be <= max_depth (static).
+    """
+    b, n = parents.shape
+    nodes = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (b, n))
+    return _root_first(_ancestor_chain(parents, nodes, max_depth))
+
+
+def extract_path(parents: jax.Array, node: jax.Array, max_depth: int) -> jax.Array:
+    """[B, P] int32 root-to-node path of one node per row, in Acceptance.path layout: path[:, 0]
+    = 0, path[:, d] = the ancestor of node[b] at depth d for d <= depth(node), then 0.
+
+    parents [B, N]; node [B] int. depth(node) (= the number of accepted tokens when `node` is the
+    last accepted node) must be <= max_depth (static).
+    """
+    return _root_first(_ancestor_chain(parents, node, max_depth))
+
+
+def expand_topk(step, root_state, root_tokens: jax.Array, *, depth: int, width: int, topk: int,
+                num_nodes: int) -> tuple[DraftTree, jax.Array]:
+    """EAGLE-2 style dynamic tree with static shapes.
+
+    Starting from the root, for `depth` levels: the W = `width` frontier nodes of the level are
+    expanded by one drafter call, each proposes its `topk` most probable children, every child is
+    scored by its cumulative draft log-probability (sum over its path), and the W best children
+    become the next frontier. Finally the `num_nodes - 1` best of all proposed children (by
+    cumulative log-probability) form the tree together with the root.
+
+    Because a child's score is its parent's score plus a log-probability <= 0, and ties are broken
+    toward the earlier (shallower) candidate, the chosen set is closed under taking parents.
+
+    step(states, tokens) -> (logprobs [B, W, V], child_states):
+        states: pytree with leading axes [B, W] (what each frontier node was given by its parent;
+        at depth 0 the root state broadcast to all W slots), tokens [B, W] the frontier nodes'
+        tokens. Returns the log-probabilities of each frontier node's children and the states to
+        hand to those children (pytree with leading [B, W]); expand_topk gathers them along the
+        W axis for the next frontier, so per-slot histories (e.g. a small KV cache) follow their
+        node. Called `depth` times (traced once inside a lax.scan).
+    root_state: pytree with leading axis [B]; root_tokens [B] int.
+
+    Returns (tree, scores): a DraftTree of num_nodes nodes in level (BFS) order -- parents before
+    children, siblings in the order of their parents, then by decreasing score -- with
+    draft_prob = q_parent(token) (exp of the step's log-probability) and draft_dist None (the
+    children are deterministic: use the one-hot rule), and scores [B, N] the cumulative
+    log-probabilities (0 for the root). Slots that cannot be filled with a finite-score node are
+    invalid (parent 0, depth 1).
+    """
+    b = root_tokens.shape[0]
+    w, k, n = width, topk, num_nodes
+    wk = w * k
+    if w < 1 or k < 1 or depth < 1 or n < 1:
+        raise ValueError("expand_topk needs width, topk, depth, num_nodes >= 1")
+
+    states = jax.tree.map(lambda x: jnp.broadcast_to(x[:, None], (b, w) + x.shape[1:]), root_state)
+    tokens = jnp.broadcast_to(root_tokens[:, None].astype(jnp.int32), (b, w))
+    # Slot 0 holds the root; the other slots are dummies with score -inf, whose children are never
+    # preferred over a real node (they only fill slots, marked invalid, when nothing else is left).
+    scores = jnp.full((b, w), -jnp.inf, jnp.float32).at[:, 0].set(0.0)
+    fpool = jnp.full((b, w), -1, jnp.int32)  # pool index of each frontier node; -1 = the root
+
+    def level(carry, d):
+        states, tokens, scores, fpool = carry
+        logp, child_states = step(states, tokens)
+        vals, toks = jax.lax.top_k(logp.astype(jnp.float32), k)  # [B, W, k]
+        c_scores = (scores[..., None] + vals).reshape(b, wk)
+        c_tokens = toks.reshape(b, wk).astype(jnp.int32)
+        c_parent = jnp.broadcast_to(fpool[..., None], (b, w, k)).reshape(b, wk)
+        c_logp = vals.reshape(b, wk)
+        _, idx = jax.lax.top_k(c_scores, w)
+        # Keep the frontier in candidate (pool) order, so that pool order stays level order with
+        # siblings grouped in the order of their parents.
+        idx = jnp.sort(idx, axis=-1)
+        slot = idx // k
+
+        def gather(x):
+            ix = slot.reshape(slot.shape + (1,) * (x.ndim - 2))
+            return jnp.take_along_axis(x, ix, axis=1)
+
+        new = (jax.tree.map(gather, child_states), jnp.take_along_axis(c_tokens, idx, axis=1),
+               jnp.take_along_axis(c_scores, idx, axis=1), (d * wk + idx).astype(jnp.int32))
+        return new, (c_tokens, c_scores, c_parent, c_logp)
+
+    _, (p_tok, p_score, p_parent, p_logp) = jax.lax.scan(
+        level, (states, tokens, scores, fpool), jnp.arange(depth, dtype=jnp.int32))
+    # [D, B, W*k] -> [B, M] pool in level order, M = depth * W * k.
+    p_tok, p_score, p_parent, p_logp = (
+        jnp.moveaxis(x, 0, 1).reshape(b, depth * wk) for x in (p_tok, p_score, p_parent, p_logp))
+    m = depth * wk
+    p_depth = jnp.broadcast_to(jnp.arange(m, dtype=jnp.int32) // wk + 1, (b, m))
+    if n - 1 > m:  # budget larger than the pool: pad with dummies that become invalid slots
+        pad = n - 1 - m
+        p_tok = jnp.pad(p_tok, ((0, 0), (0, pad)))
+        p_score = jnp.pad(p_score, ((0, 0), (0, pad)), constant_values=-jnp.inf)
+        p_parent = jnp.pad(p_parent, ((0, 0), (0, pad)), constant_values=-1)
+        p_logp = jnp.pad(p_logp, ((0, 0), (0, pad)), constant_values=-jnp.inf)
+        p_depth = jnp.pad(p_depth, ((0, 0), (0, pad)), constant_values=1)
+        m = n - 1
+
+    if n > 1:
+        # lax.top_k breaks ties toward the lower index, i.e. toward parents (earlier in the pool).
+        _, sel = jax.lax.top_k(p_score, n - 1)
+        sel = jnp.sort(sel, axis=-1)  # level order -> topological order
+        rows = jnp.arange(b)[:, None]
+        pool_to_tree = jnp.zeros((b, m), jnp.int32).at[rows, sel].set(
+            jnp.arange(1, n, dtype=jnp.int32))
+        s_score = jnp.take_along_axis(p_score, sel, axis=1)
+        s_parent_pool = jnp.take_along_axis(p_parent, sel, axis=1)
+        s_valid = jnp.isfinite(s_score)
+        s_parent = jnp.where(s_parent_pool >= 0,
+                             jnp.take_along_axis(pool_to_tree, jnp.maximum(s_parent_pool, 0),
+                                                 axis=1), 0)
+        s_parent = jnp.where(s_valid, s_parent, 0)
+        s_depth = jnp.where(s_valid, jnp.take_along_axis(p_depth, sel, axis=1), 1)
+        s_tok = jnp.where(s_valid, jnp.take_along_axis(p_tok, sel, axis=1), 0)
+        s_prob = jnp.where(s_valid, jnp.exp(jnp.take_along_axis(p_logp, sel, axis=1)), 0.0)
+    else:
+        s_score = s_prob = jnp.zeros((b, 0), jnp.float32)
+        s_parent = s_depth = s_tok = jnp.zeros((b, 0), jnp.int32)
+        s_valid = jnp.zeros((b, 0), bool)
+
+    def with_root(root_value, rest):
+        return jnp.concatenate([jnp.full((b, 1), root_value, rest.dtype), rest], axis=1)
+
+    tree = DraftTree(
+        tokens=jnp.concatenate([root_tokens[:, None].astype(jnp.int32), s_tok], axis=1),
+        parents=with_root(-1, s_parent.astype(jnp.int32)),
+        depth=with_root(0, s_depth.astype(jnp.int32)),
+        valid=with_root(True, s_valid),
+        draft_prob=with_root(1.0, s_prob.astype(jnp.float32)),
+        draft_dist=None,
+    )
+    return tree, with_root(0.0, jnp.where(s_valid, s_score, -jnp.inf).astype(jnp.float32))

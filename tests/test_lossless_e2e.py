@@ -1,6 +1,7 @@
 """Sampling losslessness of the whole speculative path (drafter + tree + rule + KV commit).
 
-A tiny random target with an 8-token vocabulary is drafted by its own first layer. The empirical
+A tiny random target with an 8-token vocabulary is drafted by an unrelated tiny random model (so
+drafts are accepted often but far from always). The empirical
 joint distribution of the first three generated tokens over many independent rows is compared
 with the exact target distribution, computed by enumerating all 8^3 continuations.
 
@@ -26,20 +27,29 @@ scipy_stats = pytest.importorskip("scipy.stats")
 
 V = 8
 CFG = ModelConfig(vocab_size=V, d_model=32, n_layers=3, n_heads=4, n_kv_heads=2, head_dim=8,
-                  ffn_dim=64, max_seq_len=64)
+                  ffn_dim=64, max_seq_len=64, tie_embeddings=False)
 PROMPT = [1, 5, 2]
 N_ROWS = 120_000
 MAX_CELL_DEV = 0.01
 CHI2_ALPHA = 1e-4
 
 
+def sharpened(cfg, seed, scale):
+    """A random model whose next-token distributions are far from uniform."""
+    model = specjax.Llama(cfg, rngs=nnx.Rngs(seed))
+    model.lm_head.set_value(model.lm_head[...] * scale)
+    return model
+
+
 @pytest.fixture(scope="module")
 def target():
-    model = specjax.Llama(CFG, rngs=nnx.Rngs(3))
-    # Sharpen the random model's distributions so they are far from uniform and the drafter
-    # (one layer of three) disagrees with the target in a structured way.
-    model.embed.set_value(model.embed[...] * 3.0)
-    return model
+    return sharpened(CFG, 3, 3.0)
+
+
+@pytest.fixture(scope="module")
+def drafter():
+    draft_cfg = ModelConfig(**{**CFG.__dict__, "n_layers": 1})
+    return LMDrafter(sharpened(draft_cfg, 11, 2.0))
 
 
 def exact_joint(target, sampling: SamplingConfig) -> np.ndarray:
@@ -90,29 +100,31 @@ def run_rows(target, drafter, config, sampling, seed=0):
     return np.asarray(out.tokens), out.stats
 
 
+# Depth-2 drafts: three tokens need one step when everything is accepted and two or three steps
+# otherwise, so the KV commit and the drafter's state after a rejection are exercised too.
 CASES = {
-    "chain": (TreeConfig.chain(3), SamplingConfig(temperature=1.0)),
-    "hsd": (TreeConfig.chain(3), SamplingConfig(temperature=1.0)),
-    "tree_onehot": (TreeConfig(branching=(3, 2)), SamplingConfig(temperature=1.0)),
-    "tree_sampled": (TreeConfig(branching=(3, 2)), SamplingConfig(temperature=1.0)),
+    "chain": (TreeConfig.chain(2), SamplingConfig(temperature=1.0)),
+    "hsd": (TreeConfig.chain(2), SamplingConfig(temperature=1.0)),
+    "tree_onehot": (TreeConfig(branching=(2, 1)), SamplingConfig(temperature=1.0)),
+    "tree_sampled": (TreeConfig(branching=(3, 1)), SamplingConfig(temperature=1.0)),
 }
 
 
 @pytest.mark.parametrize("rule", list(CASES))
-def test_speculative_sampling_matches_target_distribution(target, rule):
+def test_speculative_sampling_matches_target_distribution(target, drafter, rule):
     tree, sampling = CASES[rule]
-    tokens, stats = run_rows(target, LMDrafter.self_draft(1), SpecConfig(tree=tree, rule=rule),
+    tokens, stats = run_rows(target, drafter, SpecConfig(tree=tree, rule=rule),
                              sampling)
     problem = distribution_mismatch(empirical_joint(tokens), exact_joint(target, sampling), N_ROWS)
     assert problem is None, problem
     # The test is only meaningful if drafts are sometimes accepted and sometimes rejected.
     hist = np.asarray(stats["accepted_hist"]).sum(0)
-    assert hist[0] > 0 and hist[1:].sum() > 0, hist
+    assert hist[1:].sum() > 0.05 * hist.sum() and hist[:-1].sum() > 0.05 * hist.sum(), hist
 
 
-def test_sampling_transform_is_applied_to_both_sides(target):
+def test_sampling_transform_is_applied_to_both_sides(target, drafter):
     sampling = SamplingConfig(temperature=0.7, top_k=5, top_p=0.9)
-    tokens, _ = run_rows(target, LMDrafter.self_draft(1),
+    tokens, _ = run_rows(target, drafter,
                          SpecConfig(tree=TreeConfig(branching=(2, 2)), rule="tree_sampled"),
                          sampling, seed=1)
     problem = distribution_mismatch(empirical_joint(tokens), exact_joint(target, sampling), N_ROWS)
@@ -123,7 +135,8 @@ def test_check_catches_a_biased_distribution(target):
     """The same check rejects samples from a distribution with one 2% shift between two cells."""
     sampling = SamplingConfig(temperature=1.0)
     exact = exact_joint(target, sampling)
-    biased = exact.ravel().copy()
+    biased = exact.ravel().astype(np.float64)
+    biased /= biased.sum()
     hi, lo = np.argsort(biased)[-1], np.argsort(biased)[-2]
     biased[hi] -= 0.02
     biased[lo] += 0.02

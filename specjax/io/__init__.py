@@ -39,12 +39,13 @@ def detect_format(path: Path) -> str:
 
 
 def _llama2c_tokenizer_next_to(path: Path):
+    names = ["tokenizer.bin", *sorted(p.name for p in path.parent.glob("tok*.bin"))]
+    found = [path.parent / n for n in names if (path.parent / n).exists() and n != path.name]
+    if not found:
+        return None
     from specjax.io.tokenizer import Llama2cTokenizer
 
-    for cand in ("tokenizer.bin", *sorted(p.name for p in path.parent.glob("tok*.bin"))):
-        if (path.parent / cand).exists() and (path.parent / cand) != path:
-            return Llama2cTokenizer.from_file(path.parent / cand)
-    return None
+    return Llama2cTokenizer.from_file(found[0])
 
 
 def load(

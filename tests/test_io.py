@@ -1,0 +1,112 @@
+"""Checkpoint readers: llama2.c (legacy and v1), GGUF, HF directories, and their error messages."""
+
+import struct
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import specjax
+from specjax.cache import init_cache
+from specjax.decode import causal_block_mask
+from specjax.io.llama2c import MAGIC_V1, read_llama2c
+from specjax.paths import STORIES260K
+
+
+def logits_of(model, ids):
+    t = len(ids)
+    return np.asarray(model(jnp.asarray([ids]), positions=jnp.arange(t)[None],
+                            cache=init_cache(model.config, 1, t),
+                            tree_mask=causal_block_mask(1, t)).logits[0])
+
+
+def write_llama2c_v1(path, cfg, w):
+    """Write weights in llama2.c's version-1 export order (the reader's other layout)."""
+    header = struct.pack("<Ii", MAGIC_V1, 1) + struct.pack(
+        "<7i", cfg.d_model, cfg.ffn_dim, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.vocab_size,
+        cfg.max_seq_len) + struct.pack("<B", 1)
+    header += b"\0" * (256 - len(header))
+    t = lambda a: np.ascontiguousarray(a.transpose(0, 2, 1))  # noqa: E731 - back to [out, in]
+    parts = [w["attn_norm"], w["mlp_norm"], w["final_norm"], w["embed"], t(w["wq"]), t(w["wk"]),
+             t(w["wv"]), t(w["wo"]), t(w["w_gate"]), t(w["w_down"]), t(w["w_up"])]
+    path.write_bytes(header + b"".join(np.asarray(p, "<f4").tobytes() for p in parts))
+
+
+@pytest.fixture(scope="module")
+def stories_file(shared_dir):
+    path = shared_dir / STORIES260K
+    if not path.exists():
+        pytest.skip(f"{path} missing")
+    return path
+
+
+def test_llama2c_v1_equals_legacy(stories_file, tmp_path):
+    cfg, w = read_llama2c(stories_file)
+    v1 = tmp_path / "model_v1.bin"
+    write_llama2c_v1(v1, cfg, w)
+    ids = [1, 403, 407, 261, 378]
+    np.testing.assert_allclose(logits_of(specjax.load(v1, tokenizer=None).model, ids),
+                               logits_of(specjax.load(stories_file).model, ids), atol=1e-6)
+
+
+def test_truncated_llama2c_names_the_mismatch(stories_file, tmp_path):
+    bad = tmp_path / "truncated.bin"
+    bad.write_bytes(stories_file.read_bytes()[:-400])
+    with pytest.raises(ValueError, match="shape mismatch between header and data"):
+        specjax.load(bad)
+
+
+def test_unknown_format(tmp_path):
+    bad = tmp_path / "weights.pt"
+    bad.write_bytes(b"not a checkpoint")
+    with pytest.raises(ValueError, match="unknown checkpoint format"):
+        specjax.load(bad)
+
+
+def test_directory_without_config(tmp_path):
+    with pytest.raises(ValueError, match="unknown checkpoint layout"):
+        specjax.load(tmp_path)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ValueError, match="no such file"):
+        specjax.load(tmp_path / "nope.gguf")
+
+
+def test_missing_tensor_in_hf_dir(tmp_path):
+    safetensors_numpy = pytest.importorskip("safetensors.numpy")
+    import json
+
+    (tmp_path / "config.json").write_text(json.dumps(dict(
+        model_type="llama", vocab_size=16, hidden_size=8, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=2, intermediate_size=16,
+        tie_word_embeddings=True)))
+    safetensors_numpy.save_file({"model.embed_tokens.weight": np.zeros((16, 8), np.float32),
+                                 "model.norm.weight": np.ones(8, np.float32)},
+                                str(tmp_path / "model.safetensors"))
+    with pytest.raises(ValueError, match="missing tensors"):
+        specjax.load(tmp_path)
+
+
+def test_unsupported_model_type(tmp_path):
+    import json
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    with pytest.raises(ValueError, match="model_type 'gpt2' is not supported"):
+        specjax.load(tmp_path)
+
+
+def test_shape_mismatch_in_weights():
+    from specjax.models.target import model_from_weights, weight_shapes
+
+    w = {k: np.zeros(s, np.float32) for k, s in weight_shapes(specjax.TINY).items()}
+    w["wq"] = np.zeros((2, 3, 4), np.float32)
+    with pytest.raises(ValueError, match="tensor 'wq' has shape"):
+        model_from_weights(specjax.TINY, w)
+
+
+def test_gguf_garbage_is_rejected(tmp_path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF" + b"\x03\x00\x00\x00" + b"\xff" * 64)
+    with pytest.raises(ValueError, match="GGUF"):
+        specjax.load(bad)
