@@ -18,8 +18,13 @@ import jax
 import numpy as np
 
 import specjax
-from specjax.benchmark import device_header, jsonl_prompts, mean_ci, time_interleaved
-from specjax.benchmark import tinystories_prompts
+from specjax.benchmark import (
+    device_header,
+    jsonl_prompts,
+    mean_ci,
+    time_interleaved,
+    tinystories_prompts,
+)
 from specjax.config import SamplingConfig, SpecConfig, TreeConfig
 from specjax.paths import LLAMA2XS, SMOLLM2, STORIES260K, shared_path
 
@@ -42,48 +47,104 @@ def bench_target(name, loaded, prompts, methods, *, max_new, temperatures, reps,
     rows = []
     for temp in temperatures:
         sampling = SamplingConfig(temperature=temp)
-        calls = {"autoregressive": lambda: run_all(loaded.model, prompts, max_new=max_new,
-                                                   sampling=sampling, eos=eos)}
+        calls = {
+            "autoregressive": lambda: run_all(
+                loaded.model, prompts, max_new=max_new, sampling=sampling, eos=eos
+            )
+        }
         for label, (drafter, cfg) in methods.items():
-            calls[label] = (lambda d=drafter, c=cfg: run_all(
-                loaded.model, prompts, max_new=max_new, sampling=sampling, drafter=d, config=c,
-                eos=eos))
+            calls[label] = lambda d=drafter, c=cfg: run_all(
+                loaded.model,
+                prompts,
+                max_new=max_new,
+                sampling=sampling,
+                drafter=d,
+                config=c,
+                eos=eos,
+            )
         timings = time_interleaved(calls, reps=reps)
         ref = run_all(loaded.model, prompts, max_new=max_new, sampling=sampling, eos=eos)
         base = timings["autoregressive"]
         n_tokens = sum(int(o.lengths[0]) for o in ref)
-        rows.append((name, temp, "autoregressive", "-", 1.0, float("nan"), 1.0, (1.0, 1.0),
-                     base.compile_s, float("nan"), n_tokens))
+        rows.append(
+            (
+                name,
+                temp,
+                "autoregressive",
+                "-",
+                1.0,
+                float("nan"),
+                1.0,
+                (1.0, 1.0),
+                base.compile_s,
+                float("nan"),
+                n_tokens,
+            )
+        )
         for label, (drafter, cfg) in methods.items():
-            outs = run_all(loaded.model, prompts, max_new=max_new, sampling=sampling,
-                           drafter=drafter, config=cfg, eos=eos)
+            outs = run_all(
+                loaded.model,
+                prompts,
+                max_new=max_new,
+                sampling=sampling,
+                drafter=drafter,
+                config=cfg,
+                eos=eos,
+            )
             taus = [float(o.stats["tau"][0]) for o in outs]
             tau, ci = mean_ci(taus)
             t = timings[label]
             speedup = base.median / t.median
             spread = (base.median / t.spread[1], base.median / t.spread[0])
-            same = np.mean([bool((o.tokens == r.tokens).all()) for o, r in zip(outs, ref,
-                                                                               strict=True)])
-            rows.append((name, temp, label, cfg.tree.num_nodes - 1, tau, ci, speedup, spread,
-                         t.compile_s, same if temp == 0 else float("nan"), n_tokens))
-            print(f"{name} T={temp} {label}: tau {tau:.2f}±{ci:.2f} speedup {speedup:.2f}x",
-                  flush=True)
+            same = np.mean(
+                [bool((o.tokens == r.tokens).all()) for o, r in zip(outs, ref, strict=True)]
+            )
+            rows.append(
+                (
+                    name,
+                    temp,
+                    label,
+                    cfg.tree.num_nodes - 1,
+                    tau,
+                    ci,
+                    speedup,
+                    spread,
+                    t.compile_s,
+                    same if temp == 0 else float("nan"),
+                    n_tokens,
+                )
+            )
+            print(
+                f"{name} T={temp} {label}: tau {tau:.2f}±{ci:.2f} speedup {speedup:.2f}x",
+                flush=True,
+            )
     return rows
 
 
 def write_results(rows, header, path_md, path_png):
-    lines = ["# Speculative engine: tau and speedup over autoregressive decoding", "", header, "",
-             "| target | T | method | draft nodes | tau (95% CI) | speedup (min-max) | compile s "
-             "| greedy = AR |", "|---|---|---|---|---|---|---|---|"]
-    for (name, temp, label, nodes, tau, ci, sp, spread, comp, same, _) in rows:
+    lines = [
+        "# Speculative engine: tau and speedup over autoregressive decoding",
+        "",
+        header,
+        "",
+        "| target | T | method | draft nodes | tau (95% CI) | speedup (min-max) | compile s "
+        "| greedy = AR |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, temp, label, nodes, tau, ci, sp, spread, comp, same, _ in rows:
         tau_s = "1.00" if label == "autoregressive" else f"{tau:.2f} ± {ci:.2f}"
         same_s = "" if np.isnan(same) else f"{100 * same:.0f}%"
-        lines.append(f"| {name} | {temp:g} | {label} | {nodes} | {tau_s} | {sp:.2f}x "
-                     f"({spread[0]:.2f}-{spread[1]:.2f}) | {comp:.1f} | {same_s} |")
-    lines += ["", "tau: tokens emitted per target call (accepted + 1), mean over prompts. speedup: "
-              "median autoregressive time / median speculative time over interleaved repetitions "
-              "in the same process (CPU ratios, not absolute speed). greedy = AR: fraction of "
-              "prompts whose greedy speculative output equals `specjax.generate` token for token."]
+        lines.append(
+            f"| {name} | {temp:g} | {label} | {nodes} | {tau_s} | {sp:.2f}x "
+            f"({spread[0]:.2f}-{spread[1]:.2f}) | {comp:.1f} | {same_s} |"
+        )
+    lines += [
+        "",
+        "tau: tokens emitted per target call (accepted + 1), mean over prompts. speedup: "
+        "median autoregressive time / median speculative time over interleaved repetitions "
+        "in the same process (CPU ratios, not absolute speed). greedy = AR: fraction of "
+        "prompts whose greedy speculative output equals `specjax.generate` token for token.",
+    ]
     path_md.write_text("\n".join(lines) + "\n")
     try:
         import matplotlib
@@ -118,30 +179,52 @@ def main():
     stories = specjax.load(shared_path(STORIES260K))
     draft = specjax.LMDrafter(specjax.load(shared_path(LLAMA2XS)).model)
     tree16 = TreeConfig(branching=(4, 1, 1, 1))
-    methods = {f"llama2xs chain {k}": (draft, SpecConfig(tree=TreeConfig.chain(k)))
-               for k in (2, 4, 6)}
+    methods = {
+        f"llama2xs chain {k}": (draft, SpecConfig(tree=TreeConfig.chain(k))) for k in (2, 4, 6)
+    }
     methods["llama2xs tree (4,1,1,1)"] = (draft, SpecConfig(tree=tree16))
-    rows = bench_target("stories260K", stories, tinystories_prompts(stories.tokenizer, n_stories),
-                        methods, max_new=stories_new, temperatures=(0.0, 1.0), reps=args.reps,
-                        eos=None)
+    rows = bench_target(
+        "stories260K",
+        stories,
+        tinystories_prompts(stories.tokenizer, n_stories),
+        methods,
+        max_new=stories_new,
+        temperatures=(0.0, 1.0),
+        reps=args.reps,
+        eos=None,
+    )
 
     smol = specjax.load(shared_path(SMOLLM2))
     k = args.self_draft_layers
     self_draft = specjax.LMDrafter.self_draft(k)
-    methods = {f"self-draft {k}/30 chain 3": (self_draft, SpecConfig(tree=TreeConfig.chain(3))),
-               f"self-draft {k}/30 tree (3,1)": (self_draft,
-                                                 SpecConfig(tree=TreeConfig(branching=(3, 1))))}
+    methods = {
+        f"self-draft {k}/30 chain 3": (self_draft, SpecConfig(tree=TreeConfig.chain(3))),
+        f"self-draft {k}/30 tree (3,1)": (
+            self_draft,
+            SpecConfig(tree=TreeConfig(branching=(3, 1))),
+        ),
+    }
     prompts = jsonl_prompts("mt_bench_question.jsonl", smol.tokenizer, n_mt)
-    rows += bench_target("SmolLM2-135M", smol, prompts, methods, max_new=smol_new,
-                         temperatures=(0.0, 1.0), reps=args.reps, eos=smol.tokenizer.eos_id)
+    rows += bench_target(
+        "SmolLM2-135M",
+        smol,
+        prompts,
+        methods,
+        max_new=smol_new,
+        temperatures=(0.0, 1.0),
+        reps=args.reps,
+        eos=smol.tokenizer.eos_id,
+    )
 
     header = device_header(
-        dtype="float32", batch="1 (prompts decoded one after another)",
+        dtype="float32",
+        batch="1 (prompts decoded one after another)",
         prompts=f"{n_stories} TinyStories dev prefixes (stories260K, {stories_new} new tokens); "
-                f"{n_mt} MT-bench first turns with the chat template (SmolLM2, {smol_new} new "
-                "tokens, stops at EOS)",
-        repetitions=f"{args.reps} interleaved", command="python experiments/bench_engine.py"
-        + (" --quick" if args.quick else ""))
+        f"{n_mt} MT-bench first turns with the chat template (SmolLM2, {smol_new} new "
+        "tokens, stops at EOS)",
+        repetitions=f"{args.reps} interleaved",
+        command="python experiments/bench_engine.py" + (" --quick" if args.quick else ""),
+    )
     RESULTS.mkdir(exist_ok=True)
     suffix = "_quick" if args.quick else ""
     write_results(rows, header, RESULTS / f"engine{suffix}.md", RESULTS / f"engine{suffix}.png")

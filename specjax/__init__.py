@@ -11,7 +11,18 @@ from specjax.models.target import Llama
 from specjax.speculative import speculative_generate
 
 __all__ = [
-    "TINY", "GenerateOutput", "LMDrafter", "Llama", "Loaded", "ModelConfig", "SamplingConfig",
-    "SpecConfig", "TreeConfig", "generate", "load", "score", "speculative_generate",
+    "TINY",
+    "GenerateOutput",
+    "LMDrafter",
+    "Llama",
+    "Loaded",
+    "ModelConfig",
+    "SamplingConfig",
+    "SpecConfig",
+    "TreeConfig",
+    "generate",
+    "load",
+    "score",
+    "speculative_generate",
 ]
 __version__ = "0.1.0"

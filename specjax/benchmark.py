@@ -24,7 +24,7 @@ from specjax.paths import shared_dir
 def tinystories_prompts(tokenizer, n: int, words: int = 8, offset: int = 0) -> list[list[int]]:
     """The first `words` words of TinyStories dev paragraphs, BOS-prefixed."""
     text = (shared_dir() / "data" / "tinystories_dev.txt").read_text()
-    paras = [p.strip() for p in text.split("\n\n") if p.strip()][offset:offset + n]
+    paras = [p.strip() for p in text.split("\n\n") if p.strip()][offset : offset + n]
     return [tokenizer.encode(" ".join(p.split()[:words]), bos=True) for p in paras]
 
 
@@ -37,8 +37,9 @@ def jsonl_prompts(path: str | Path, tokenizer, n: int, chat: bool = True) -> lis
     for line in path.read_text().splitlines()[:n]:
         turn = json.loads(line)["turns"][0]
         if chat:
-            text = tokenizer.apply_chat([{"role": "user", "content": turn}],
-                                        add_generation_prompt=True)
+            text = tokenizer.apply_chat(
+                [{"role": "user", "content": turn}], add_generation_prompt=True
+            )
             out.append(tokenizer.encode(text, bos=False))
         else:
             out.append(tokenizer.encode(turn, bos=True))

@@ -1,8 +1,8 @@
 """`specjax` command line: speculative (or plain) generation with a real checkpoint.
 
-    specjax demo
-    specjax generate --model PATH --prompt TEXT [--drafter PATH|self:K] [--tree N,DEPTH,TOPK]
-                     [--max-new-tokens N] [--temperature T] [--chat]
+specjax demo
+specjax generate --model PATH --prompt TEXT [--drafter PATH|self:K] [--tree N,DEPTH,TOPK]
+                 [--max-new-tokens N] [--temperature T] [--chat]
 """
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ import time
 def _encode_prompt(loaded, text: str, chat: bool) -> list[int]:
     tok = loaded.tokenizer
     if tok is None:
-        raise SystemExit("error: this checkpoint has no tokenizer next to it; pass --tokenizer PATH")
+        raise SystemExit(
+            "error: this checkpoint has no tokenizer next to it; pass --tokenizer PATH"
+        )
     if chat:
         text = tok.apply_chat([{"role": "user", "content": text}], add_generation_prompt=True)
         return tok.encode(text, bos=False)
@@ -51,8 +53,10 @@ def parse_tree(spec: str | None, default_depth: int = 4):
         branching.append(b)
     tree = TreeConfig(branching=tuple(branching))
     if tree.num_nodes - 1 > budget:
-        raise ValueError(f"--tree {spec}: depth {depth} alone needs {tree.num_nodes - 1} nodes "
-                         f"(> budget {budget})")
+        raise ValueError(
+            f"--tree {spec}: depth {depth} alone needs {tree.num_nodes - 1} nodes "
+            f"(> budget {budget})"
+        )
     return tree
 
 
@@ -73,8 +77,9 @@ def run_generation(loaded, ids, *, max_new_tokens, sampling, seed, drafter=None,
     import specjax
 
     eos = loaded.tokenizer.eos_id if loaded.tokenizer is not None else None
-    kwargs = dict(max_new_tokens=max_new_tokens, sampling=sampling, key=jax.random.key(seed),
-                  eos_id=eos)
+    kwargs = dict(
+        max_new_tokens=max_new_tokens, sampling=sampling, key=jax.random.key(seed), eos_id=eos
+    )
     if drafter is None:
         fn, args = specjax.generate, (loaded.model, [ids])
     else:
@@ -93,23 +98,36 @@ def report(loaded, out, run, compile_s, label):
     print(loaded.tokenizer.decode([int(t) for t in out.tokens[0, :n]]))
     extra = ""
     if out.stats is not None:
-        extra = (f", tau {float(out.stats['tau'][0]):.2f} tokens/target call, "
-                 f"{int(out.stats['target_calls'][0])} target calls")
-    print(f"[{label}: {n} tokens, {n / run:.1f} tokens/s{extra}, compile {compile_s:.1f}s, "
-          f"backend {jax.default_backend()}]", file=sys.stderr)
+        extra = (
+            f", tau {float(out.stats['tau'][0]):.2f} tokens/target call, "
+            f"{int(out.stats['target_calls'][0])} target calls"
+        )
+    print(
+        f"[{label}: {n} tokens, {n / run:.1f} tokens/s{extra}, compile {compile_s:.1f}s, "
+        f"backend {jax.default_backend()}]",
+        file=sys.stderr,
+    )
 
 
 def cmd_generate(args) -> int:
     import specjax
 
-    sampling = specjax.SamplingConfig(temperature=args.temperature, top_k=args.top_k,
-                                      top_p=args.top_p)
+    sampling = specjax.SamplingConfig(
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p
+    )
     loaded = specjax.load(args.model, tokenizer=args.tokenizer)
     ids = _encode_prompt(loaded, args.prompt, args.chat)
     drafter = make_drafter(args.drafter, loaded) if args.drafter else None
     tree = parse_tree(args.tree)
-    out, run, comp = run_generation(loaded, ids, max_new_tokens=args.max_new_tokens,
-                                    sampling=sampling, seed=args.seed, drafter=drafter, tree=tree)
+    out, run, comp = run_generation(
+        loaded,
+        ids,
+        max_new_tokens=args.max_new_tokens,
+        sampling=sampling,
+        seed=args.seed,
+        drafter=drafter,
+        tree=tree,
+    )
     report(loaded, out, run, comp, "speculative" if drafter else "autoregressive")
     return 0
 
@@ -125,14 +143,25 @@ def cmd_demo(args) -> int:
     ids = loaded.tokenizer.encode(args.prompt, bos=True)
     sampling = specjax.SamplingConfig(temperature=args.temperature)
     tree = parse_tree(args.tree)
-    ar, ar_run, _ = run_generation(loaded, ids, max_new_tokens=args.max_new_tokens,
-                                   sampling=sampling, seed=0)
-    sd, sd_run, comp = run_generation(loaded, ids, max_new_tokens=args.max_new_tokens,
-                                      sampling=sampling, seed=0, drafter=drafter, tree=tree)
+    ar, ar_run, _ = run_generation(
+        loaded, ids, max_new_tokens=args.max_new_tokens, sampling=sampling, seed=0
+    )
+    sd, sd_run, comp = run_generation(
+        loaded,
+        ids,
+        max_new_tokens=args.max_new_tokens,
+        sampling=sampling,
+        seed=0,
+        drafter=drafter,
+        tree=tree,
+    )
     report(loaded, sd, sd_run, comp, "speculative, llama2xs-279K drafting for stories260K")
     same = bool((ar.tokens == sd.tokens).all())
-    print(f"[autoregressive: {ar_run:.3f}s, speculative: {sd_run:.3f}s, speedup "
-          f"{ar_run / sd_run:.2f}x; identical to autoregressive output: {same}]", file=sys.stderr)
+    print(
+        f"[autoregressive: {ar_run:.3f}s, speculative: {sd_run:.3f}s, speedup "
+        f"{ar_run / sd_run:.2f}x; identical to autoregressive output: {same}]",
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -149,8 +178,11 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-p", type=float, default=1.0)
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
-    gen.add_argument("--drafter", default=None,
-                     help="draft model PATH (same vocabulary) or self:K (target's first K layers)")
+    gen.add_argument(
+        "--drafter",
+        default=None,
+        help="draft model PATH (same vocabulary) or self:K (target's first K layers)",
+    )
     gen.add_argument("--tree", default=None, help="draft tree N,DEPTH,TOPK (default: chain of 4)")
     gen.set_defaults(func=cmd_generate)
     demo = sub.add_parser("demo", help="speculative decoding on the shared stories260K pair")

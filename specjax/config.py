@@ -103,8 +103,9 @@ class TreeConfig:
 
     def __post_init__(self):
         if not self.branching or any(int(b) < 1 for b in self.branching):
-            raise ValueError(f"tree branching must be a non-empty tuple of ints >= 1, "
-                             f"got {self.branching}")
+            raise ValueError(
+                f"tree branching must be a non-empty tuple of ints >= 1, got {self.branching}"
+            )
 
     @classmethod
     def chain(cls, k: int) -> TreeConfig:
@@ -164,8 +165,9 @@ class SpecConfig:
         if self.rule not in RULES:
             raise ValueError(f"unknown acceptance rule {self.rule!r}; choose from {RULES}")
         if self.rule in ("chain", "hsd") and not self.tree.is_chain:
-            raise ValueError(f"rule {self.rule!r} needs a chain tree, got branching "
-                             f"{self.tree.branching}")
+            raise ValueError(
+                f"rule {self.rule!r} needs a chain tree, got branching {self.tree.branching}"
+            )
 
     def resolved_rule(self, sampling: SamplingConfig) -> str:
         if sampling.greedy:

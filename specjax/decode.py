@@ -23,7 +23,6 @@ from flax import nnx
 from specjax.cache import KVCache, init_cache
 from specjax.config import ModelConfig, SamplingConfig
 
-
 PROMPT_BUCKET = 16
 
 

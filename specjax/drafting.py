@@ -7,8 +7,8 @@ methods, all traced inside the engine's `lax.while_loop`:
 
 - `init_state(target, prompt_ids, prompt_lens, cache_len)` -> drafter state (a pytree), after the
   target prefill; the committed sequence is prompt_ids[b, :prompt_lens[b]].
-- `propose(state, target, root_ctx, tree_cfg, sampling, sample_children, key)` -> (DraftTree, state):
-  a tree whose node 0 is the pending root token.
+- `propose(state, target, root_ctx, tree_cfg, sampling, sample_children, keys)`
+  -> (DraftTree, state): a tree whose node 0 is the pending root token; keys [B] per-row keys.
 - `commit(state, acceptance, advance, target_hidden)` -> state, after verification.
 
 The engine's convention: the target cache holds positions [0, lengths); the root (the last emitted
@@ -66,8 +66,9 @@ def static_ancestor_mask(tree_cfg: TreeConfig) -> jax.Array:
     return jnp.asarray(rows, bool)
 
 
-def choose_children(logits: jax.Array, n_children: int, sample: bool, sampling: SamplingConfig,
-                    keys: jax.Array):
+def choose_children(
+    logits: jax.Array, n_children: int, sample: bool, sampling: SamplingConfig, keys: jax.Array
+):
     """Children of W frontier nodes from draft logits [B, W, V]; keys [B] per-row PRNG keys.
 
     Returns (tokens [B, W, c], prob [B, W, c] = q(token), q [B, W, V]). Sampled children are drawn
@@ -81,9 +82,9 @@ def choose_children(logits: jax.Array, n_children: int, sample: bool, sampling: 
         q = apply_sampling(logits, sampling)
         if sample:
             keys = jax.vmap(lambda k: jax.random.split(k, logits.shape[1]))(keys)  # [B, W]
-            tokens = jax.vmap(jax.vmap(
-                lambda k, p: jax.random.categorical(k, jnp.log(p), shape=(n_children,))
-            ))(keys, q)
+            tokens = jax.vmap(
+                jax.vmap(lambda k, p: jax.random.categorical(k, jnp.log(p), shape=(n_children,)))
+            )(keys, q)
         else:
             _, tokens = jax.lax.top_k(q, n_children)
     prob = jnp.take_along_axis(q, tokens, axis=-1)
@@ -124,13 +125,17 @@ class LMDrafter(nnx.Module):
         """Raise ValueError if this drafter cannot draft for `target`."""
         if self.draft_model is None:
             if self.self_draft_layers > target.config.n_layers:
-                raise ValueError(f"self-draft uses {self.self_draft_layers} layers but the target "
-                                 f"has only {target.config.n_layers}")
+                raise ValueError(
+                    f"self-draft uses {self.self_draft_layers} layers but the target "
+                    f"has only {target.config.n_layers}"
+                )
             return
         dv, tv = self.draft_model.config.vocab_size, target.config.vocab_size
         if dv != tv:
-            raise ValueError(f"vocab mismatch between target ({tv}) and drafter ({dv}): a draft "
-                             "model must share the target's tokenizer")
+            raise ValueError(
+                f"vocab mismatch between target ({tv}) and drafter ({dv}): a draft "
+                "model must share the target's tokenizer"
+            )
 
     def _model_and_layers(self, target):
         if self.draft_model is None:
@@ -139,8 +144,15 @@ class LMDrafter(nnx.Module):
 
     def _forward(self, target, tokens, positions, cache, tree_mask):
         model, n = self._model_and_layers(target)
-        out = model(tokens, positions=positions, cache=cache, tree_mask=tree_mask,
-                    layer_range=(0, n), return_hidden=(n,), compute_logits=False)
+        out = model(
+            tokens,
+            positions=positions,
+            cache=cache,
+            tree_mask=tree_mask,
+            layer_range=(0, n),
+            return_hidden=(n,),
+            compute_logits=False,
+        )
         return model.head(out.hidden[n]), out.cache
 
     def init_state(self, target, prompt_ids, prompt_lens, cache_len) -> LMDrafterState:
@@ -151,9 +163,16 @@ class LMDrafter(nnx.Module):
         _, cache = self._forward(target, prompt_ids, positions, cache, causal_block_mask(b, t))
         return LMDrafterState(cache=cache.replace(lengths=prompt_lens))
 
-    def propose(self, state: LMDrafterState, target, ctx: RootContext, tree_cfg: TreeConfig,
-                sampling: SamplingConfig, sample_children: bool, keys) -> tuple[DraftTree,
-                                                                                LMDrafterState]:
+    def propose(
+        self,
+        state: LMDrafterState,
+        target,
+        ctx: RootContext,
+        tree_cfg: TreeConfig,
+        sampling: SamplingConfig,
+        sample_children: bool,
+        keys,
+    ) -> tuple[DraftTree, LMDrafterState]:
         b = ctx.root.shape[0]
         n = tree_cfg.num_nodes
         parents, depth = tree_constants(tree_cfg, b)
@@ -162,7 +181,8 @@ class LMDrafter(nnx.Module):
         block_mask = jnp.ones((n + 1, n + 1), bool).at[1:, 1:].set(anc).at[0, 1:].set(False)
         block_mask = jnp.broadcast_to(block_mask, (b, n + 1, n + 1))
         positions = jnp.concatenate(
-            [(ctx.lengths - 1)[:, None], ctx.lengths[:, None] + depth], axis=1)
+            [(ctx.lengths - 1)[:, None], ctx.lengths[:, None] + depth], axis=1
+        )
         cache = state.cache.replace(lengths=ctx.lengths - 1)
         tokens = jnp.zeros((b, n), jnp.int32).at[:, 0].set(ctx.root)
         prob = jnp.ones((b, n), jnp.float32)
@@ -173,21 +193,30 @@ class LMDrafter(nnx.Module):
             block = jnp.concatenate([ctx.prev[:, None], tokens], axis=1)
             logits, cache = self._forward(target, block, positions, cache, block_mask)
             lo, width = tree_cfg.level_start(d), tree_cfg.level_sizes[d]
-            frontier_logits = logits[:, 1 + lo: 1 + lo + width]  # [B, W, V]
-            child_tokens, child_prob, q = choose_children(frontier_logits, c, sample_children,
-                                                          sampling, keys[:, d])
+            frontier_logits = logits[:, 1 + lo : 1 + lo + width]  # [B, W, V]
+            child_tokens, child_prob, q = choose_children(
+                frontier_logits, c, sample_children, sampling, keys[:, d]
+            )
             start = tree_cfg.level_start(d + 1)
-            tokens = tokens.at[:, start:start + width * c].set(child_tokens.reshape(b, -1))
-            prob = prob.at[:, start:start + width * c].set(child_prob.reshape(b, -1))
-            dist = dist.at[:, lo:lo + width].set(q)
-        tree = DraftTree(tokens=tokens, parents=parents, depth=depth,
-                         valid=jnp.ones((b, n), bool), draft_prob=prob, draft_dist=dist)
+            tokens = tokens.at[:, start : start + width * c].set(child_tokens.reshape(b, -1))
+            prob = prob.at[:, start : start + width * c].set(child_prob.reshape(b, -1))
+            dist = dist.at[:, lo : lo + width].set(q)
+        tree = DraftTree(
+            tokens=tokens,
+            parents=parents,
+            depth=depth,
+            valid=jnp.ones((b, n), bool),
+            draft_prob=prob,
+            draft_dist=dist,
+        )
         # The last forward wrote every node's K/V except the deepest level's; commit moves the
         # accepted ones into place (a fully accepted deepest node is refed next step as `prev`).
         return tree, LMDrafterState(cache=cache.replace(lengths=ctx.lengths))
 
-    def commit(self, state: LMDrafterState, acceptance: Acceptance, advance,
-               target_hidden=None) -> LMDrafterState:
+    def commit(
+        self, state: LMDrafterState, acceptance: Acceptance, advance, target_hidden=None
+    ) -> LMDrafterState:
         del target_hidden
-        return LMDrafterState(cache=commit_path(state.cache, acceptance.path,
-                                                acceptance.n_accepted, advance))
+        return LMDrafterState(
+            cache=commit_path(state.cache, acceptance.path, acceptance.n_accepted, advance)
+        )

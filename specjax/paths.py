@@ -23,6 +23,7 @@ def shared_path(relative: str) -> Path:
     """A file under the shared folder, with an error that says how to point at it if missing."""
     path = shared_dir() / relative
     if not path.exists():
-        raise FileNotFoundError(f"{path} not found: set SPECJAX_SHARED to the folder that holds "
-                                "models/ and data/")
+        raise FileNotFoundError(
+            f"{path} not found: set SPECJAX_SHARED to the folder that holds models/ and data/"
+        )
     return path

@@ -23,13 +23,19 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from specjax import verify as rules
 from specjax.cache import KVCache, commit_path, init_cache
 from specjax.config import SamplingConfig, SpecConfig
-from specjax.decode import (GenerateOutput, check_sampling, choose_tokens, prefill,
-                            prepare_prompts, row_keys)
+from specjax.decode import (
+    GenerateOutput,
+    check_sampling,
+    choose_tokens,
+    prefill,
+    prepare_prompts,
+    row_keys,
+)
 from specjax.drafting import RootContext, static_ancestor_mask
 from specjax.sampling import apply_sampling
-from specjax import verify as rules
 
 
 @flax.struct.dataclass
@@ -54,10 +60,23 @@ def _emitted(tree_tokens, acceptance, p):
     return jnp.where(idx < n, path_tokens, jnp.where(idx == n, acceptance.next_token[:, None], 0))
 
 
-@functools.partial(jax.jit, static_argnames=("target_def", "drafter_def", "max_new_tokens",
-                                             "config", "sampling"))
-def _speculative(target_def, target_params, drafter_def, drafter_params, ids, prompt_lens, keys,
-                 eos_id, *, max_new_tokens: int, config: SpecConfig, sampling: SamplingConfig):
+@functools.partial(
+    jax.jit, static_argnames=("target_def", "drafter_def", "max_new_tokens", "config", "sampling")
+)
+def _speculative(
+    target_def,
+    target_params,
+    drafter_def,
+    drafter_params,
+    ids,
+    prompt_lens,
+    keys,
+    eos_id,
+    *,
+    max_new_tokens: int,
+    config: SpecConfig,
+    sampling: SamplingConfig,
+):
     target = nnx.merge(target_def, target_params)
     drafter = nnx.merge(drafter_def, drafter_params)
     tree_cfg = config.tree
@@ -77,8 +96,12 @@ def _speculative(target_def, target_params, drafter_def, drafter_params, ids, pr
         tokens=jnp.zeros((b, max_new_tokens + p), jnp.int32).at[:, 0].set(first),
         n_generated=jnp.ones((b,), jnp.int32),
         done=(first == eos_id) | (max_new_tokens <= 1),
-        root=first, prev=prev, cache=cache, drafter_state=drafter_state,
-        target_calls=jnp.zeros((b,), jnp.int32), accepted_hist=jnp.zeros((b, p), jnp.int32),
+        root=first,
+        prev=prev,
+        cache=cache,
+        drafter_state=drafter_state,
+        target_calls=jnp.zeros((b,), jnp.int32),
+        accepted_hist=jnp.zeros((b, p), jnp.int32),
     )
     anc = jnp.broadcast_to(static_ancestor_mask(tree_cfg), (b, n, n))
 
@@ -91,10 +114,16 @@ def _speculative(target_def, target_params, drafter_def, drafter_params, ids, pr
         split = jax.vmap(lambda k: jax.random.split(k, 2))(step_keys)
         draft_keys, verify_keys = split[:, 0], split[:, 1]
         ctx = RootContext(root=s.root, prev=s.prev, lengths=lengths)
-        tree, drafter_state = drafter.propose(s.drafter_state, target, ctx, tree_cfg, sampling,
-                                              sample_children, draft_keys)
-        out = target(tree.tokens, positions=lengths[:, None] + tree.depth, cache=s.cache,
-                     tree_mask=anc, attn_impl=config.attn_impl)
+        tree, drafter_state = drafter.propose(
+            s.drafter_state, target, ctx, tree_cfg, sampling, sample_children, draft_keys
+        )
+        out = target(
+            tree.tokens,
+            positions=lengths[:, None] + tree.depth,
+            cache=s.cache,
+            tree_mask=anc,
+            attn_impl=config.attn_impl,
+        )
         target_p = out.logits if rule == "greedy" else apply_sampling(out.logits, sampling)
         if rule == "greedy":
             acc = verify(tree, target_p, tree_cfg.max_depth)
@@ -120,12 +149,17 @@ def _speculative(target_def, target_params, drafter_def, drafter_params, ids, pr
             tree.tokens, jnp.take_along_axis(acc.path, acc.n_accepted[:, None], axis=1), axis=1
         )[:, 0]
         hist = s.accepted_hist + jnp.where(
-            live[:, None], jax.nn.one_hot(acc.n_accepted, p, dtype=jnp.int32), 0)
+            live[:, None], jax.nn.one_hot(acc.n_accepted, p, dtype=jnp.int32), 0
+        )
         return _SpecState(
-            tokens=tokens, n_generated=n_generated, done=done,
+            tokens=tokens,
+            n_generated=n_generated,
+            done=done,
             root=jnp.where(live, acc.next_token, s.root),
-            prev=jnp.where(live, last_accepted, s.prev), cache=cache,
-            drafter_state=drafter_state, target_calls=s.target_calls + live,
+            prev=jnp.where(live, last_accepted, s.prev),
+            cache=cache,
+            drafter_state=drafter_state,
+            target_calls=s.target_calls + live,
             accepted_hist=hist,
         )
 
@@ -150,10 +184,17 @@ def _write_tokens(row, emitted, start, n_keep):
     return jax.lax.dynamic_update_slice(row, new, (start,))
 
 
-def speculative_generate(target, drafter, prompts, *, max_new_tokens: int,
-                         config: SpecConfig = SpecConfig(),
-                         sampling: SamplingConfig = SamplingConfig(), key=None,
-                         eos_id: int | None = None) -> GenerateOutput:
+def speculative_generate(
+    target,
+    drafter,
+    prompts,
+    *,
+    max_new_tokens: int,
+    config: SpecConfig = SpecConfig(),
+    sampling: SamplingConfig = SamplingConfig(),
+    key=None,
+    eos_id: int | None = None,
+) -> GenerateOutput:
     """Speculative decoding: the target's exact output distribution in fewer target calls.
 
     target: a specjax Llama; drafter: a Drafter (e.g. LMDrafter(draft_model) or
@@ -172,6 +213,16 @@ def speculative_generate(target, drafter, prompts, *, max_new_tokens: int,
     keys = row_keys(key, ids.shape[0])
     target_def, target_params = nnx.split(target)
     drafter_def, drafter_params = nnx.split(drafter)
-    return _speculative(target_def, target_params, drafter_def, drafter_params, jnp.asarray(ids),
-                        jnp.asarray(lens), keys, jnp.int32(-1 if eos_id is None else eos_id),
-                        max_new_tokens=max_new_tokens, config=config, sampling=sampling)
+    return _speculative(
+        target_def,
+        target_params,
+        drafter_def,
+        drafter_params,
+        jnp.asarray(ids),
+        jnp.asarray(lens),
+        keys,
+        jnp.int32(-1 if eos_id is None else eos_id),
+        max_new_tokens=max_new_tokens,
+        config=config,
+        sampling=sampling,
+    )

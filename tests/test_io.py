@@ -15,20 +15,47 @@ from specjax.paths import STORIES260K
 
 def logits_of(model, ids):
     t = len(ids)
-    return np.asarray(model(jnp.asarray([ids]), positions=jnp.arange(t)[None],
-                            cache=init_cache(model.config, 1, t),
-                            tree_mask=causal_block_mask(1, t)).logits[0])
+    return np.asarray(
+        model(
+            jnp.asarray([ids]),
+            positions=jnp.arange(t)[None],
+            cache=init_cache(model.config, 1, t),
+            tree_mask=causal_block_mask(1, t),
+        ).logits[0]
+    )
 
 
 def write_llama2c_v1(path, cfg, w):
     """Write weights in llama2.c's version-1 export order (the reader's other layout)."""
-    header = struct.pack("<Ii", MAGIC_V1, 1) + struct.pack(
-        "<7i", cfg.d_model, cfg.ffn_dim, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.vocab_size,
-        cfg.max_seq_len) + struct.pack("<B", 1)
+    header = (
+        struct.pack("<Ii", MAGIC_V1, 1)
+        + struct.pack(
+            "<7i",
+            cfg.d_model,
+            cfg.ffn_dim,
+            cfg.n_layers,
+            cfg.n_heads,
+            cfg.n_kv_heads,
+            cfg.vocab_size,
+            cfg.max_seq_len,
+        )
+        + struct.pack("<B", 1)
+    )
     header += b"\0" * (256 - len(header))
     t = lambda a: np.ascontiguousarray(a.transpose(0, 2, 1))  # noqa: E731 - back to [out, in]
-    parts = [w["attn_norm"], w["mlp_norm"], w["final_norm"], w["embed"], t(w["wq"]), t(w["wk"]),
-             t(w["wv"]), t(w["wo"]), t(w["w_gate"]), t(w["w_down"]), t(w["w_up"])]
+    parts = [
+        w["attn_norm"],
+        w["mlp_norm"],
+        w["final_norm"],
+        w["embed"],
+        t(w["wq"]),
+        t(w["wk"]),
+        t(w["wv"]),
+        t(w["wo"]),
+        t(w["w_gate"]),
+        t(w["w_down"]),
+        t(w["w_up"]),
+    ]
     path.write_bytes(header + b"".join(np.asarray(p, "<f4").tobytes() for p in parts))
 
 
@@ -45,8 +72,11 @@ def test_llama2c_v1_equals_legacy(stories_file, tmp_path):
     v1 = tmp_path / "model_v1.bin"
     write_llama2c_v1(v1, cfg, w)
     ids = [1, 403, 407, 261, 378]
-    np.testing.assert_allclose(logits_of(specjax.load(v1, tokenizer=None).model, ids),
-                               logits_of(specjax.load(stories_file).model, ids), atol=1e-6)
+    np.testing.assert_allclose(
+        logits_of(specjax.load(v1, tokenizer=None).model, ids),
+        logits_of(specjax.load(stories_file).model, ids),
+        atol=1e-6,
+    )
 
 
 def test_truncated_llama2c_names_the_mismatch(stories_file, tmp_path):
@@ -77,13 +107,27 @@ def test_missing_tensor_in_hf_dir(tmp_path):
     safetensors_numpy = pytest.importorskip("safetensors.numpy")
     import json
 
-    (tmp_path / "config.json").write_text(json.dumps(dict(
-        model_type="llama", vocab_size=16, hidden_size=8, num_hidden_layers=1,
-        num_attention_heads=2, num_key_value_heads=2, intermediate_size=16,
-        tie_word_embeddings=True)))
-    safetensors_numpy.save_file({"model.embed_tokens.weight": np.zeros((16, 8), np.float32),
-                                 "model.norm.weight": np.ones(8, np.float32)},
-                                str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text(
+        json.dumps(
+            dict(
+                model_type="llama",
+                vocab_size=16,
+                hidden_size=8,
+                num_hidden_layers=1,
+                num_attention_heads=2,
+                num_key_value_heads=2,
+                intermediate_size=16,
+                tie_word_embeddings=True,
+            )
+        )
+    )
+    safetensors_numpy.save_file(
+        {
+            "model.embed_tokens.weight": np.zeros((16, 8), np.float32),
+            "model.norm.weight": np.ones(8, np.float32),
+        },
+        str(tmp_path / "model.safetensors"),
+    )
     with pytest.raises(ValueError, match="missing tensors"):
         specjax.load(tmp_path)
 

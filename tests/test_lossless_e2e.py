@@ -26,8 +26,17 @@ from specjax.sampling import apply_sampling
 scipy_stats = pytest.importorskip("scipy.stats")
 
 V = 8
-CFG = ModelConfig(vocab_size=V, d_model=32, n_layers=3, n_heads=4, n_kv_heads=2, head_dim=8,
-                  ffn_dim=64, max_seq_len=64, tie_embeddings=False)
+CFG = ModelConfig(
+    vocab_size=V,
+    d_model=32,
+    n_layers=3,
+    n_heads=4,
+    n_kv_heads=2,
+    head_dim=8,
+    ffn_dim=64,
+    max_seq_len=64,
+    tie_embeddings=False,
+)
 PROMPT = [1, 5, 2]
 N_ROWS = 120_000
 MAX_CELL_DEV = 0.01
@@ -59,9 +68,12 @@ def exact_joint(target, sampling: SamplingConfig) -> np.ndarray:
 
     seqs = np.array([PROMPT + [a, b, c] for a in range(V) for b in range(V) for c in range(V)])
     t = seqs.shape[1]
-    logits = target(jnp.asarray(seqs), positions=jnp.broadcast_to(jnp.arange(t), seqs.shape),
-                    cache=init_cache(CFG, len(seqs), t),
-                    tree_mask=causal_block_mask(len(seqs), t)).logits
+    logits = target(
+        jnp.asarray(seqs),
+        positions=jnp.broadcast_to(jnp.arange(t), seqs.shape),
+        cache=init_cache(CFG, len(seqs), t),
+        tree_mask=causal_block_mask(len(seqs), t),
+    ).logits
     probs = np.asarray(apply_sampling(logits, sampling))  # [V^3, T, V]
     k = len(PROMPT)
     joint = np.ones(len(seqs))
@@ -85,8 +97,9 @@ def distribution_mismatch(emp: np.ndarray, exact: np.ndarray, n: int) -> str | N
     exp_c = np.append(exp_counts[big], exp_counts[~big].sum())
     obs_c = np.append(obs_counts[big], obs_counts[~big].sum())
     keep = exp_c > 0
-    pvalue = scipy_stats.chisquare(obs_c[keep], exp_c[keep] * obs_c[keep].sum() / exp_c[keep].sum()
-                                   ).pvalue
+    pvalue = scipy_stats.chisquare(
+        obs_c[keep], exp_c[keep] * obs_c[keep].sum() / exp_c[keep].sum()
+    ).pvalue
     if pvalue < CHI2_ALPHA:
         return f"chi-square p-value {pvalue:.2e} < {CHI2_ALPHA}"
     return None
@@ -94,8 +107,15 @@ def distribution_mismatch(emp: np.ndarray, exact: np.ndarray, n: int) -> str | N
 
 def run_rows(target, drafter, config, sampling, seed=0):
     keys = jax.random.split(jax.random.key(seed), N_ROWS)
-    out = specjax.speculative_generate(target, drafter, [PROMPT] * N_ROWS, max_new_tokens=3,
-                                       config=config, sampling=sampling, key=keys)
+    out = specjax.speculative_generate(
+        target,
+        drafter,
+        [PROMPT] * N_ROWS,
+        max_new_tokens=3,
+        config=config,
+        sampling=sampling,
+        key=keys,
+    )
     assert (np.asarray(out.lengths) == 3).all()
     return np.asarray(out.tokens), out.stats
 
@@ -113,8 +133,7 @@ CASES = {
 @pytest.mark.parametrize("rule", list(CASES))
 def test_speculative_sampling_matches_target_distribution(target, drafter, rule):
     tree, sampling = CASES[rule]
-    tokens, stats = run_rows(target, drafter, SpecConfig(tree=tree, rule=rule),
-                             sampling)
+    tokens, stats = run_rows(target, drafter, SpecConfig(tree=tree, rule=rule), sampling)
     problem = distribution_mismatch(empirical_joint(tokens), exact_joint(target, sampling), N_ROWS)
     assert problem is None, problem
     # The test is only meaningful if drafts are sometimes accepted and sometimes rejected.
@@ -124,9 +143,13 @@ def test_speculative_sampling_matches_target_distribution(target, drafter, rule)
 
 def test_sampling_transform_is_applied_to_both_sides(target, drafter):
     sampling = SamplingConfig(temperature=0.7, top_k=5, top_p=0.9)
-    tokens, _ = run_rows(target, drafter,
-                         SpecConfig(tree=TreeConfig(branching=(2, 2)), rule="tree_sampled"),
-                         sampling, seed=1)
+    tokens, _ = run_rows(
+        target,
+        drafter,
+        SpecConfig(tree=TreeConfig(branching=(2, 2)), rule="tree_sampled"),
+        sampling,
+        seed=1,
+    )
     problem = distribution_mismatch(empirical_joint(tokens), exact_joint(target, sampling), N_ROWS)
     assert problem is None, problem
 
@@ -144,3 +167,38 @@ def test_check_catches_a_biased_distribution(target):
     draws = rng.choice(V**3, size=N_ROWS, p=biased)
     tokens = np.stack([draws // (V * V), (draws // V) % V, draws % V], axis=1)
     assert distribution_mismatch(empirical_joint(tokens), exact, N_ROWS) is not None
+
+
+def biased_chain_rule(tree, p, key, max_depth):
+    """Token-wise acceptance min(1, p/q), but the correction is drawn from p instead of the
+    residual norm(max(p - q, 0)): the classic mistake, which over-weights the drafter's tokens."""
+    from specjax.tree import Acceptance
+
+    n = tree.tokens.shape[1]
+    p_x = jnp.take_along_axis(p[:, :-1], tree.tokens[:, 1:, None], axis=-1)[..., 0]
+    u = jax.vmap(lambda k: jax.random.uniform(k, (n - 1,)))(key)
+    ok = u < p_x / tree.draft_prob[:, 1:]
+    n_acc = jnp.argmin(jnp.concatenate([ok, jnp.zeros_like(ok[:, :1])], axis=1), axis=1)
+    p_last = jnp.take_along_axis(p, n_acc[:, None, None], axis=1)[:, 0]
+    nxt = jax.vmap(lambda k, q: jax.random.categorical(jax.random.fold_in(k, 1), jnp.log(q)))(
+        key, p_last
+    )
+    slots = jnp.arange(max_depth + 1)[None, :]
+    path = jnp.where(slots <= n_acc[:, None], slots, 0).astype(jnp.int32)
+    return Acceptance(
+        path=path, n_accepted=n_acc.astype(jnp.int32), next_token=nxt.astype(jnp.int32)
+    )
+
+
+def test_end_to_end_check_catches_a_biased_rule(target, drafter, monkeypatch):
+    from specjax import speculative, verify
+
+    monkeypatch.setitem(verify.RULES, "chain", biased_chain_rule)
+    speculative._speculative.clear_cache()  # the rule is looked up when the loop is traced
+    try:
+        tree, sampling = CASES["chain"]
+        tokens, _ = run_rows(target, drafter, SpecConfig(tree=tree, rule="chain"), sampling)
+    finally:
+        speculative._speculative.clear_cache()
+    problem = distribution_mismatch(empirical_joint(tokens), exact_joint(target, sampling), N_ROWS)
+    assert problem is not None

@@ -6,8 +6,10 @@ import pytest
 import specjax
 from specjax.paths import SMOLLM2, STORIES260K
 
-SANITY = (", there was a little girl named Lily. She loved to play outside in the park. One day, "
-          "she saw a big, red ball")
+SANITY = (
+    ", there was a little girl named Lily. She loved to play outside in the park. One day, "
+    "she saw a big, red ball"
+)
 
 
 @pytest.fixture(scope="module")
@@ -47,8 +49,9 @@ def test_stories260k_nll_on_tinystories_dev(stories, shared_dir):
 
 def test_smollm2_chat_answer_contains_paris(smollm):
     tok = smollm.tokenizer
-    text = tok.apply_chat([{"role": "user", "content": "What is the capital of France?"}],
-                          add_generation_prompt=True)
+    text = tok.apply_chat(
+        [{"role": "user", "content": "What is the capital of France?"}], add_generation_prompt=True
+    )
     ids = tok.encode(text, bos=False)
     out = specjax.generate(smollm.model, [ids], max_new_tokens=24, eos_id=tok.eos_id)
     answer = tok.decode([int(t) for t in out.tokens[0, : int(out.lengths[0])]])
@@ -64,9 +67,12 @@ def test_smollm2_logits_match_transformers_gguf(smollm, shared_dir):
     transformers = pytest.importorskip("transformers")
     path = shared_dir / SMOLLM2
     hf = transformers.AutoModelForCausalLM.from_pretrained(
-        str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+        str(path.parent), gguf_file=path.name, dtype=torch.float32
+    ).eval()
     tok = smollm.tokenizer
-    ids = tok.encode("The quick brown fox jumps over the lazy dog. In Paris, the weather", bos=False)
+    ids = tok.encode(
+        "The quick brown fox jumps over the lazy dog. In Paris, the weather", bos=False
+    )
     with torch.no_grad():
         expected = hf(torch.tensor([ids])).logits.numpy()[0]
     from specjax.cache import init_cache
@@ -75,9 +81,12 @@ def test_smollm2_logits_match_transformers_gguf(smollm, shared_dir):
     t = len(ids)
     import jax.numpy as jnp
 
-    got = smollm.model(jnp.asarray([ids]), positions=jnp.arange(t)[None],
-                       cache=init_cache(smollm.config, 1, t),
-                       tree_mask=causal_block_mask(1, t)).logits[0]
+    got = smollm.model(
+        jnp.asarray([ids]),
+        positions=jnp.arange(t)[None],
+        cache=init_cache(smollm.config, 1, t),
+        tree_mask=causal_block_mask(1, t),
+    ).logits[0]
     err = float(np.max(np.abs(np.asarray(got) - expected)))
     assert err < 1e-3, err
     np.testing.assert_array_equal(np.argmax(np.asarray(got), -1), np.argmax(expected, -1))

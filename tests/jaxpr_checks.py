@@ -1,0 +1,41 @@
+"""Structural checks on jaxprs: how many loops a program runs at the outer level, callbacks."""
+
+import jax
+
+
+def _subjaxprs(eqn):
+    for value in eqn.params.values():
+        items = value if isinstance(value, (tuple, list)) else (value,)
+        for item in items:
+            if isinstance(item, jax.extend.core.ClosedJaxpr):
+                yield item.jaxpr
+            elif isinstance(item, jax.extend.core.Jaxpr):
+                yield item
+
+
+def outer_while_loops(jaxpr) -> int:
+    """Number of while loops not nested inside another while loop (scans and inner loops of a
+    loop body are not counted)."""
+    count = 0
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "while":
+            count += 1
+        else:
+            count += sum(outer_while_loops(sub) for sub in _subjaxprs(eqn))
+    return count
+
+
+def primitive_names(jaxpr) -> set[str]:
+    names = set()
+    for eqn in jaxpr.eqns:
+        names.add(eqn.primitive.name)
+        for sub in _subjaxprs(eqn):
+            names |= primitive_names(sub)
+    return names
+
+
+def assert_one_loop_no_callbacks(closed_jaxpr) -> None:
+    jaxpr = closed_jaxpr.jaxpr
+    assert outer_while_loops(jaxpr) == 1, outer_while_loops(jaxpr)
+    callbacks = {n for n in primitive_names(jaxpr) if "callback" in n}
+    assert not callbacks, callbacks
