@@ -95,8 +95,9 @@ def prepare_prompts(
     return ids, lens
 
 
-def row_keys(key, batch: int) -> jax.Array:
-    """Per-row keys [B]: a single key is split; a batch of B keys is used as given."""
+def prepare_keys(key, batch: int) -> jax.Array:
+    """Validate a user key and return per-row typed keys [B] (None means key 0; an int is a seed;
+    a single key is split; B keys are used as given)."""
     if key is None:
         key = jax.random.key(0)
     if isinstance(key, int):
@@ -247,7 +248,7 @@ def generate(
     check_sampling(sampling)
     cfg = model.config
     ids, lens = prepare_prompts(prompts, cfg, max_new_tokens)
-    keys = row_keys(key, ids.shape[0])
+    keys = prepare_keys(key, ids.shape[0])
     graphdef, params = nnx.split(model)
     return _generate(
         graphdef,

@@ -32,7 +32,7 @@ from specjax.decode import (
     choose_tokens,
     prefill,
     prepare_prompts,
-    row_keys,
+    prepare_keys,
 )
 from specjax.drafting import RootContext, static_ancestor_mask
 from specjax.sampling import apply_sampling
@@ -210,7 +210,7 @@ def speculative_generate(
     drafter.check_compatible(target)
     cfg = target.config
     ids, lens = prepare_prompts(prompts, cfg, max_new_tokens, extra_slots=config.tree.num_nodes + 1)
-    keys = row_keys(key, ids.shape[0])
+    keys = prepare_keys(key, ids.shape[0])
     target_def, target_params = nnx.split(target)
     drafter_def, drafter_params = nnx.split(drafter)
     return _speculative(

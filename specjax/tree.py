@@ -58,8 +58,12 @@ class Acceptance:
     next_token: jax.Array
 
 
-def chain_tree(root_tokens: jax.Array, draft_tokens: jax.Array, draft_prob: jax.Array,
-               draft_dist: jax.Array | None = None) -> DraftTree:
+def chain_tree(
+    root_tokens: jax.Array,
+    draft_tokens: jax.Array,
+    draft_prob: jax.Array,
+    draft_dist: jax.Array | None = None,
+) -> DraftTree:
     """A chain draft as a tree: node i + 1 is the child of node i.
 
     root_tokens [B], draft_tokens [B, k], draft_prob [B, k], draft_dist [B, k + 1, V] or None
@@ -73,8 +77,14 @@ def chain_tree(root_tokens: jax.Array, draft_tokens: jax.Array, draft_prob: jax.
     depth = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (b, n))
     valid = jnp.ones((b, n), bool)
     prob = jnp.concatenate([jnp.ones((b, 1), draft_prob.dtype), draft_prob], axis=1)
-    return DraftTree(tokens=tokens, parents=parents, depth=depth, valid=valid, draft_prob=prob,
-                     draft_dist=draft_dist)
+    return DraftTree(
+        tokens=tokens,
+        parents=parents,
+        depth=depth,
+        valid=valid,
+        draft_prob=prob,
+        draft_dist=draft_dist,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -162,8 +172,9 @@ def extract_path(parents: jax.Array, node: jax.Array, max_depth: int) -> jax.Arr
     return _root_first(_ancestor_chain(parents, node, max_depth))
 
 
-def expand_topk(step, root_state, root_tokens: jax.Array, *, depth: int, width: int, topk: int,
-                num_nodes: int) -> tuple[DraftTree, jax.Array]:
+def expand_topk(
+    step, root_state, root_tokens: jax.Array, *, depth: int, width: int, topk: int, num_nodes: int
+) -> tuple[DraftTree, jax.Array]:
     """EAGLE-2 style dynamic tree with static shapes.
 
     Starting from the root, for `depth` levels: the W = `width` frontier nodes of the level are
@@ -189,7 +200,7 @@ def expand_topk(step, root_state, root_tokens: jax.Array, *, depth: int, width: 
     draft_prob = q_parent(token) (exp of the step's log-probability) and draft_dist None (the
     children are deterministic: use the one-hot rule), and scores [B, N] the cumulative
     log-probabilities (0 for the root). Slots that cannot be filled with a finite-score node are
-    invalid (parent 0, depth 1).
+    invalid (parent 0, depth 1) and come after all valid nodes.
     """
     b = root_tokens.shape[0]
     w, k, n = width, topk, num_nodes
@@ -222,15 +233,21 @@ def expand_topk(step, root_state, root_tokens: jax.Array, *, depth: int, width: 
             ix = slot.reshape(slot.shape + (1,) * (x.ndim - 2))
             return jnp.take_along_axis(x, ix, axis=1)
 
-        new = (jax.tree.map(gather, child_states), jnp.take_along_axis(c_tokens, idx, axis=1),
-               jnp.take_along_axis(c_scores, idx, axis=1), (d * wk + idx).astype(jnp.int32))
+        new = (
+            jax.tree.map(gather, child_states),
+            jnp.take_along_axis(c_tokens, idx, axis=1),
+            jnp.take_along_axis(c_scores, idx, axis=1),
+            (d * wk + idx).astype(jnp.int32),
+        )
         return new, (c_tokens, c_scores, c_parent, c_logp)
 
     _, (p_tok, p_score, p_parent, p_logp) = jax.lax.scan(
-        level, (states, tokens, scores, fpool), jnp.arange(depth, dtype=jnp.int32))
+        level, (states, tokens, scores, fpool), jnp.arange(depth, dtype=jnp.int32)
+    )
     # [D, B, W*k] -> [B, M] pool in level order, M = depth * W * k.
     p_tok, p_score, p_parent, p_logp = (
-        jnp.moveaxis(x, 0, 1).reshape(b, depth * wk) for x in (p_tok, p_score, p_parent, p_logp))
+        jnp.moveaxis(x, 0, 1).reshape(b, depth * wk) for x in (p_tok, p_score, p_parent, p_logp)
+    )
     m = depth * wk
     p_depth = jnp.broadcast_to(jnp.arange(m, dtype=jnp.int32) // wk + 1, (b, m))
     if n - 1 > m:  # budget larger than the pool: pad with dummies that become invalid slots
@@ -244,17 +261,22 @@ def expand_topk(step, root_state, root_tokens: jax.Array, *, depth: int, width: 
 
     if n > 1:
         # lax.top_k breaks ties toward the lower index, i.e. toward parents (earlier in the pool).
-        _, sel = jax.lax.top_k(p_score, n - 1)
-        sel = jnp.sort(sel, axis=-1)  # level order -> topological order
+        top_score, sel = jax.lax.top_k(p_score, n - 1)
+        # Level order (-> topological order) for the real nodes; unfillable slots go last, so the
+        # valid nodes always form a prefix of the tree.
+        sel = jnp.sort(jnp.where(jnp.isfinite(top_score), sel, sel + m), axis=-1) % m
         rows = jnp.arange(b)[:, None]
-        pool_to_tree = jnp.zeros((b, m), jnp.int32).at[rows, sel].set(
-            jnp.arange(1, n, dtype=jnp.int32))
+        pool_to_tree = (
+            jnp.zeros((b, m), jnp.int32).at[rows, sel].set(jnp.arange(1, n, dtype=jnp.int32))
+        )
         s_score = jnp.take_along_axis(p_score, sel, axis=1)
         s_parent_pool = jnp.take_along_axis(p_parent, sel, axis=1)
         s_valid = jnp.isfinite(s_score)
-        s_parent = jnp.where(s_parent_pool >= 0,
-                             jnp.take_along_axis(pool_to_tree, jnp.maximum(s_parent_pool, 0),
-                                                 axis=1), 0)
+        s_parent = jnp.where(
+            s_parent_pool >= 0,
+            jnp.take_along_axis(pool_to_tree, jnp.maximum(s_parent_pool, 0), axis=1),
+            0,
+        )
         s_parent = jnp.where(s_valid, s_parent, 0)
         s_depth = jnp.where(s_valid, jnp.take_along_axis(p_depth, sel, axis=1), 1)
         s_tok = jnp.where(s_valid, jnp.take_along_axis(p_tok, sel, axis=1), 0)

@@ -71,7 +71,7 @@ def test_no_recompile_for_new_prompts_of_same_shape(tiny):
         traced, static_argnames=("graphdef", "max_new_tokens", "sampling", "attn_impl")
     )
     graphdef, params = nnx.split(tiny)
-    keys = decode.row_keys(jax.random.key(0), 2)
+    keys = decode.prepare_keys(jax.random.key(0), 2)
     for prompts in ([[1, 2, 3], [4, 5, 6]], [[7, 8, 9], [2, 2, 2]]):
         ids, lens = decode.prepare_prompts(prompts, TINY, 5)
         jitted(
@@ -103,7 +103,7 @@ def test_jaxpr_has_one_while_loop_and_no_callbacks(tiny):
             sampling=SamplingConfig(temperature=1.0),
             attn_impl="reference",
         )
-    )(params, ids, lens, decode.row_keys(jax.random.key(0), 1))
+    )(params, ids, lens, decode.prepare_keys(jax.random.key(0), 1))
     assert_one_loop_no_callbacks(jaxpr)
 
 

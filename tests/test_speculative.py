@@ -86,7 +86,7 @@ def test_no_recompile_and_single_while_loop(tiny_pair):
     tdef, tparams = nnx.split(target)
     ddef, dparams = nnx.split(drafter)
     cfg, sampling = SpecConfig(tree=TreeConfig(branching=(2, 1))), SamplingConfig(temperature=1.0)
-    keys = specjax.decode.row_keys(jax.random.key(0), 2)
+    keys = specjax.decode.prepare_keys(jax.random.key(0), 2)
     kwargs = dict(max_new_tokens=6, config=cfg, sampling=sampling)
     for prompts in ([[1, 2, 3], [4, 5, 6]], [[7, 8, 9], [2, 2, 2]]):
         ids, lens = specjax.decode.prepare_prompts(prompts, TINY, 6, 5)
@@ -117,7 +117,7 @@ def test_prompt_too_long_counts_draft_slots():
     target = specjax.Llama(TINY, rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match="draft slots"):
         specjax.speculative_generate(
-            target, LMDrafter.self_draft(1), [[1] * 100], max_new_tokens=20
+            target, LMDrafter.self_draft(1), [[1] * 105], max_new_tokens=20
         )
 
 

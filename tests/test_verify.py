@@ -194,8 +194,9 @@ def emitted_codes(acc: Acceptance, tokens, key, p_table, length: int = L):
     for i in range(length):
         drafted = path_tok[:, i + 1] if i + 1 < pp else jnp.zeros((n,), jnp.int32)
         direct = sample(keys[i], p_table[prefix_id(code, i)])
-        tok = jnp.where(i < acc.n_accepted, drafted,
-                        jnp.where(i == acc.n_accepted, acc.next_token, direct))
+        tok = jnp.where(
+            i < acc.n_accepted, drafted, jnp.where(i == acc.n_accepted, acc.next_token, direct)
+        )
         code = code * V + tok
     return code
 
@@ -247,8 +248,11 @@ def biased_chain(tree: DraftTree, p, key, max_depth: int) -> Acceptance:
 
 
 DRAFT_KIND = {
-    "chain": "chain", "hsd": "chain", "biased": "chain",
-    "tree_sampled": "tree_sampled", "tree_onehot": "tree_onehot",
+    "chain": "chain",
+    "hsd": "chain",
+    "biased": "chain",
+    "tree_sampled": "tree_sampled",
+    "tree_onehot": "tree_onehot",
 }
 RULE_FN = dict(RULES, biased=biased_chain)
 
@@ -270,15 +274,20 @@ _simulate_jit = jax.jit(_simulate_impl, static_argnames=("rule", "n"))
 
 
 @functools.cache
-def simulate(rule: str, world_seed: int, sparse: bool = False, ragged: bool = False,
-             seed: int = 0, n: int = N_SAMPLES):
+def simulate(
+    rule: str,
+    world_seed: int,
+    sparse: bool = False,
+    ragged: bool = False,
+    seed: int = 0,
+    n: int = N_SAMPLES,
+):
     """Run `rule` on n independent drafts of the tiny world; returns numpy (codes [n] of the
     first L emitted tokens, n_accepted [n]). Rules drafting the same kind of tree with the same
     seed see the same drafts (the chain rules and HSD are compared on identical chains)."""
     p_table, q_table = make_world(world_seed, sparse=sparse)
     keep_prob = jnp.float32(0.8 if ragged else 1.0)
-    codes, n_acc = _simulate_jit(jax.random.key(seed), p_table, q_table, keep_prob, rule=rule,
-                                 n=n)
+    codes, n_acc = _simulate_jit(jax.random.key(seed), p_table, q_table, keep_prob, rule=rule, n=n)
     return np.asarray(codes), np.asarray(n_acc)
 
 
@@ -358,8 +367,9 @@ def hsd_exact(p_table, q_table, capped: bool = True):
         if capped:
             a = float(lv.accept_prob[m])
         else:
-            ratio = np.prod([pn[m, t, x[t]] / np.asarray(tree.draft_dist)[m, t, x[t]]
-                             for t in range(K)])
+            ratio = np.prod(
+                [pn[m, t, x[t]] / np.asarray(tree.draft_dist)[m, t, x[t]] for t in range(K)]
+            )
             a = min(1.0, ratio)
         for y in range(V):
             _add_with_target(out, pt, tuple(x) + (y,), qx[m] * a * pn[m, K, y], K + 1)
@@ -369,8 +379,9 @@ def hsd_exact(p_table, q_table, capped: bool = True):
             w = qx[m] * (1 - a) * (1 - s[t - 1]) * np.prod(s[t:])
             mean_len += w * (t - 1)
             for y in range(V):
-                _add_with_target(out, pt, tuple(x[: t - 1]) + (y,), w * lv.residual[m, t - 1, y],
-                                 K + 1)
+                _add_with_target(
+                    out, pt, tuple(x[: t - 1]) + (y,), w * lv.residual[m, t - 1, y], K + 1
+                )
     return out, mean_len
 
 
@@ -428,8 +439,9 @@ def test_hsd_accepts_more_than_tokenwise_sampled():
 def _identical_models(key, p_table, *, n: int):
     tree, p_nodes = draft_chain(key, p_table, p_table, n)
     keys = jax.random.split(jax.random.fold_in(key, 1), n)
-    return verify_hsd(tree, p_nodes, keys, K).n_accepted, verify_chain(tree, p_nodes, keys,
-                                                                        K).n_accepted
+    return verify_hsd(tree, p_nodes, keys, K).n_accepted, verify_chain(
+        tree, p_nodes, keys, K
+    ).n_accepted
 
 
 def test_hsd_identical_models_accept_everything():
@@ -446,8 +458,9 @@ def _long_chain(key):
     p = jax.nn.softmax(3 * jax.random.normal(kp, (b, k + 1, v)), -1)
     q = jax.nn.softmax(3 * jax.random.normal(kq, (b, k + 1, v)), -1)
     x = jax.random.categorical(kx, jnp.log(q[:, :k])).astype(jnp.int32)
-    tree = chain_tree(jnp.zeros((b,), jnp.int32), x,
-                      jnp.take_along_axis(q[:, :k], x[..., None], -1)[..., 0], q)
+    tree = chain_tree(
+        jnp.zeros((b,), jnp.int32), x, jnp.take_along_axis(q[:, :k], x[..., None], -1)[..., 0], q
+    )
     return hsd_levels(tree, p, k), verify_hsd(tree, p, jax.random.split(kv, b), k)
 
 
@@ -502,13 +515,16 @@ def test_row_independence(rule):
 
     tree_mixed = jax.tree.map(mix, tree1, tree2)
     keys_mixed = jax.random.wrap_key_data(
-        mix(jax.random.key_data(keys1), jax.random.key_data(keys2)))
+        mix(jax.random.key_data(keys1), jax.random.key_data(keys2))
+    )
     out1 = jax.tree.map(np.asarray, _call(rule, tree1, p1, keys1))
     out_mixed = jax.tree.map(np.asarray, _call(rule, tree_mixed, mix(p1, p2), keys_mixed))
     for a, b in zip(jax.tree.leaves(out1), jax.tree.leaves(out_mixed), strict=True):
         np.testing.assert_array_equal(a[keep], b[keep])
-    assert not all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(out1),
-                                                        jax.tree.leaves(out_mixed), strict=True))
+    assert not all(
+        np.array_equal(a, b)
+        for a, b in zip(jax.tree.leaves(out1), jax.tree.leaves(out_mixed), strict=True)
+    )
 
 
 @pytest.mark.parametrize("rule", ["chain", "tree_sampled"])  # both key-handling code paths
@@ -562,15 +578,20 @@ def random_trees(rng, b: int, nn: int, v: int):
     tokens = rng.integers(0, v, (b, nn)).astype(np.int32)
     hit = rng.random((b, nn)) < 0.6  # make matches (and duplicate matching siblings) common
     tokens = np.where(hit, np.take_along_axis(target, np.maximum(parents, 0), 1), tokens)
-    tree = DraftTree(tokens=jnp.asarray(tokens), parents=jnp.asarray(parents),
-                     depth=jnp.asarray(depth), valid=jnp.asarray(valid),
-                     draft_prob=jnp.ones((b, nn), jnp.float32))
+    tree = DraftTree(
+        tokens=jnp.asarray(tokens),
+        parents=jnp.asarray(parents),
+        depth=jnp.asarray(depth),
+        valid=jnp.asarray(valid),
+        draft_prob=jnp.ones((b, nn), jnp.float32),
+    )
     return tree, logits
 
 
 def greedy_reference(tree: DraftTree, logits):
-    tokens, parents, depth, valid = (np.asarray(a) for a in
-                                     (tree.tokens, tree.parents, tree.depth, tree.valid))
+    tokens, parents, depth, valid = (
+        np.asarray(a) for a in (tree.tokens, tree.parents, tree.depth, tree.valid)
+    )
     out = []
     for b in range(tokens.shape[0]):
         target = logits[b].argmax(-1)
@@ -602,8 +623,9 @@ def test_greedy_matches_reference(nn, v):
         np.testing.assert_array_equal(acc.path[b], path + [0] * (max_depth + 1 - len(path)))
     # Probabilities (one-hot after the greedy transform) give the same answer as logits.
     probs = apply_sampling(jnp.asarray(logits), SamplingConfig(temperature=0.0))
-    chex.assert_trees_all_equal(verify_greedy(tree, probs, max_depth),
-                                verify_greedy(tree, jnp.asarray(logits), max_depth))
+    chex.assert_trees_all_equal(
+        verify_greedy(tree, probs, max_depth), verify_greedy(tree, jnp.asarray(logits), max_depth)
+    )
 
 
 def test_greedy_chain_equals_target_greedy_decoding():
@@ -639,8 +661,9 @@ def test_apply_sampling():
     assert np.all((np.asarray(k) > 0).sum(-1) == 7)
     top = np.argsort(-np.asarray(logits), -1)[..., :7]
     ref = np.take_along_axis(np.asarray(jax.nn.softmax(logits, -1)), top, -1)
-    np.testing.assert_allclose(np.take_along_axis(np.asarray(k), top, -1),
-                               ref / ref.sum(-1, keepdims=True), rtol=1e-5)
+    np.testing.assert_allclose(
+        np.take_along_axis(np.asarray(k), top, -1), ref / ref.sum(-1, keepdims=True), rtol=1e-5
+    )
 
     for top_p in (0.3, 0.9):
         pp = np.asarray(apply_sampling(logits, SamplingConfig(temperature=1.0, top_p=top_p)))
@@ -650,20 +673,23 @@ def test_apply_sampling():
         assert np.all((pp > 0).sum(-1) == n_keep)
         np.testing.assert_allclose(pp.sum(-1), 1.0, rtol=1e-5)
         kept = pp > 0
-        np.testing.assert_allclose(pp[kept], (full / np.where(kept, full, 0).sum(-1,
-                                   keepdims=True))[kept], rtol=1e-4)
+        np.testing.assert_allclose(
+            pp[kept], (full / np.where(kept, full, 0).sum(-1, keepdims=True))[kept], rtol=1e-4
+        )
 
 
 def test_normalize_residual_and_sample():
     x = jnp.asarray([[0.0, 0.0, 0.0], [1.0, 3.0, 0.0]])
     np.testing.assert_allclose(normalize(x), [[1 / 3] * 3, [0.25, 0.75, 0.0]])
-    np.testing.assert_allclose(normalize(x, fallback=jnp.asarray([0.0, 2.0, 2.0])),
-                               [[0.0, 0.5, 0.5], [0.25, 0.75, 0.0]])
+    np.testing.assert_allclose(
+        normalize(x, fallback=jnp.asarray([0.0, 2.0, 2.0])), [[0.0, 0.5, 0.5], [0.25, 0.75, 0.0]]
+    )
     p = jnp.asarray([0.5, 0.3, 0.2])
     np.testing.assert_allclose(residual(p, p), p)  # p == q: falls back to p, no NaN
     np.testing.assert_allclose(residual(p, jnp.asarray([0.2, 0.3, 0.5])), [1.0, 0.0, 0.0])
-    draws = sample(jax.random.key(0), jnp.broadcast_to(jnp.asarray([0.0, 0.5, 0.0, 0.5]),
-                                                        (10000, 4)))
+    draws = sample(
+        jax.random.key(0), jnp.broadcast_to(jnp.asarray([0.0, 0.5, 0.0, 0.5]), (10000, 4))
+    )
     assert set(np.unique(np.asarray(draws))) == {1, 3}
 
 

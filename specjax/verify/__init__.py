@@ -25,6 +25,12 @@ RULES = {
 }
 
 __all__ = [
-    "RULES", "HSDLevels", "hsd_levels", "verify_chain", "verify_greedy", "verify_hsd",
-    "verify_tree_onehot", "verify_tree_sampled",
+    "RULES",
+    "HSDLevels",
+    "hsd_levels",
+    "verify_chain",
+    "verify_greedy",
+    "verify_hsd",
+    "verify_tree_onehot",
+    "verify_tree_sampled",
 ]

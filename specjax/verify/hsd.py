@@ -91,9 +91,12 @@ def hsd_levels(tree: DraftTree, p: jax.Array, max_depth: int) -> HSDLevels:
     n_drafted = jnp.sum(drafted, axis=1).astype(jnp.int32)
     if k_max == 0:
         b, v = p.shape[0], p.shape[-1]
-        return HSDLevels(n_drafted=n_drafted, accept_prob=jnp.ones((b,), jnp.float32),
-                         step_back=jnp.ones((b, 0), jnp.float32),
-                         residual=jnp.zeros((b, 0, v), jnp.float32))
+        return HSDLevels(
+            n_drafted=n_drafted,
+            accept_prob=jnp.ones((b,), jnp.float32),
+            step_back=jnp.ones((b, 0), jnp.float32),
+            residual=jnp.zeros((b, 0, v), jnp.float32),
+        )
     log_rho = jnp.log(_take(p_lv, x)) - jnp.log(jnp.maximum(_take(q_lv, x), _TINY))
     # Undrafted levels contribute nothing (their values are masked out below anyway).
     log_r = jnp.cumsum(jnp.where(drafted, log_rho, 0.0), axis=1)  # log R_t, t = 1..K
@@ -113,11 +116,16 @@ def hsd_levels(tree: DraftTree, p: jax.Array, max_depth: int) -> HSDLevels:
 
     # Whole-draft acceptance c_k = exp(min(0, log R_k - log M_{k-1})) at the row's last level.
     last = jnp.maximum(n_drafted - 1, 0)[:, None]
-    log_c_k = (jnp.take_along_axis(log_r, last, axis=1)
-               - jnp.take_along_axis(log_m_prev, last, axis=1))[:, 0]
+    log_c_k = (
+        jnp.take_along_axis(log_r, last, axis=1) - jnp.take_along_axis(log_m_prev, last, axis=1)
+    )[:, 0]
     accept_prob = jnp.where(n_drafted > 0, jnp.exp(jnp.minimum(log_c_k, 0.0)), 1.0)
-    return HSDLevels(n_drafted=n_drafted, accept_prob=accept_prob.astype(jnp.float32),
-                     step_back=step_back.astype(jnp.float32), residual=res.astype(jnp.float32))
+    return HSDLevels(
+        n_drafted=n_drafted,
+        accept_prob=accept_prob.astype(jnp.float32),
+        step_back=step_back.astype(jnp.float32),
+        residual=res.astype(jnp.float32),
+    )
 
 
 def verify_hsd(tree: DraftTree, p: jax.Array, key: jax.Array, max_depth: int) -> Acceptance:

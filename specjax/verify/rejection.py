@@ -99,14 +99,16 @@ def verify_chain(tree: DraftTree, p: jax.Array, key: jax.Array, max_depth: int) 
     node = n_acc[:, None, None]
     p_n = jnp.take_along_axis(p.astype(jnp.float32), node, axis=1)[:, 0]
     q_n = jnp.take_along_axis(
-        jnp.pad(q_lv, ((0, 0), (0, 1), (0, 0))), jnp.minimum(node, k), axis=1)[:, 0]
+        jnp.pad(q_lv, ((0, 0), (0, 1), (0, 0))), jnp.minimum(node, k), axis=1
+    )[:, 0]
     dist = jnp.where((n_acc < n_drafted)[:, None], residual(p_n, q_n), p_n)
     nxt = jax.vmap(sample)(split[:, 1], dist)
     return Acceptance(path=chain_path(n_acc, max_depth), n_accepted=n_acc, next_token=nxt)
 
 
-def _verify_tree(tree: DraftTree, p: jax.Array, key: jax.Array, max_depth: int,
-                 sampled: bool) -> Acceptance:
+def _verify_tree(
+    tree: DraftTree, p: jax.Array, key: jax.Array, max_depth: int, sampled: bool
+) -> Acceptance:
     b, n = tree.tokens.shape
     keys = row_keys(key, b)
     q = tree.draft_dist if sampled else p  # q unused by the one-hot rule
@@ -138,20 +140,21 @@ def _verify_tree(tree: DraftTree, p: jax.Array, key: jax.Array, max_depth: int,
         _, r, n_acc, path = jax.lax.fori_loop(1, n, body, init)
         return path, n_acc, sample(k_s, r)
 
-    path, n_acc, nxt = jax.vmap(one_row)(tree.tokens, tree.parents, tree.valid,
-                                         p.astype(jnp.float32), q.astype(jnp.float32), keys)
+    path, n_acc, nxt = jax.vmap(one_row)(
+        tree.tokens, tree.parents, tree.valid, p.astype(jnp.float32), q.astype(jnp.float32), keys
+    )
     return Acceptance(path=path, n_accepted=n_acc, next_token=nxt)
 
 
-def verify_tree_onehot(tree: DraftTree, p: jax.Array, key: jax.Array,
-                       max_depth: int) -> Acceptance:
+def verify_tree_onehot(tree: DraftTree, p: jax.Array, key: jax.Array, max_depth: int) -> Acceptance:
     """Tree with deterministic children (q one-hot). tree: N nodes in topological order (siblings
     should carry distinct tokens to be useful); p [B, N, V]; key [B]; max_depth static."""
     return _verify_tree(tree, p, key, max_depth, sampled=False)
 
 
-def verify_tree_sampled(tree: DraftTree, p: jax.Array, key: jax.Array,
-                        max_depth: int) -> Acceptance:
+def verify_tree_sampled(
+    tree: DraftTree, p: jax.Array, key: jax.Array, max_depth: int
+) -> Acceptance:
     """Tree whose children of u were drawn i.i.d. from q_u = tree.draft_dist[:, u]. p [B, N, V];
     key [B]; max_depth static."""
     return _verify_tree(tree, p, key, max_depth, sampled=True)
