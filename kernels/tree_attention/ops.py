@@ -21,7 +21,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-
 from specjax.kernels.tree_attention import pallas as tk
 
 Variant = Literal["triton", "mosaic"]
@@ -147,9 +146,7 @@ def _resolve_config(q, k, variant, interpret, block_k, block_q, num_splits):
         if not interpret and (not _is_pow2(d) or d < _TRITON_MIN):
             raise ValueError(f"the Triton kernel needs a power-of-two head dim >= 16, got D={d}")
         if num_splits is None:
-            num_splits = (
-                1 if interpret else _default_num_splits(q.shape, k.shape, block_q, block_k)
-            )
+            num_splits = 1 if interpret else _default_num_splits(q.shape, k.shape, block_q, block_k)
         num_splits = _check_int("num_splits", num_splits)
     else:
         sublanes = 16 if np.dtype(q.dtype).itemsize == 2 else 8
@@ -371,7 +368,15 @@ def _tree_attention_jit(
             k_, v_ = k.reshape(b, s, kh * d), v.reshape(b, s, kh * d)
             kt_, vt_ = kt.reshape(b, -1, kh * d), vt.reshape(b, -1, kh * d)
         out = tk.mosaic_tree_attention(
-            q_t, k_, v_, kt_, vt_, bits, lengths, geo, heads_major=heads_major,
+            q_t,
+            k_,
+            v_,
+            kt_,
+            vt_,
+            bits,
+            lengths,
+            geo,
+            heads_major=heads_major,
             interpret=interpret,
         )
 

@@ -183,7 +183,9 @@ def _triton_kernel(lengths_ref, q_ref, k_ref, v_ref, kt_ref, vt_ref, bits_ref, *
         jnp.zeros((rows, d), jnp.float32),
     )
 
-    # Committed phase over blocks [lo, hi) of [0, lengths[b]); nothing past lengths[b] is read.
+    # Committed phase over blocks [lo, hi) of [0, lengths[b]); nothing past lengths[b] is read
+    # except inside the one partial block. Full blocks need no mask at all.
+    n_full = lax.div(length, bk)
     n_blocks = lax.div(length + (bk - 1), bk)
     if geo.num_splits > 1:
         split = pl.program_id(3)
@@ -193,17 +195,30 @@ def _triton_kernel(lengths_ref, q_ref, k_ref, v_ref, kt_ref, vt_ref, bits_ref, *
     else:
         lo, hi = 0, n_blocks
 
-    def body(j, carry):
-        nominal = j * bk
-        # The last block may run past S (S need not be a multiple of bk): shift it back inside
-        # the cache and mask the keys already seen by the previous block (pos < nominal).
+    def full_block(j, carry):
+        start = j * bk
+        s = _scores(q, k_ref[pl.ds(start, bk), :], geo)
+        return _online_update(*carry, s, v_ref[pl.ds(start, bk), :], geo)
+
+    def tail_block(carry):
+        nominal = n_full * bk
+        # The partial block may run past S (S need not be a multiple of bk): shift it back inside
+        # the cache and mask the keys the previous block already covered (pos < nominal).
         start = jnp.minimum(nominal, s_len - bk)
         s = _scores(q, k_ref[pl.ds(start, bk), :], geo)
         pos = start + lax.broadcasted_iota(jnp.int32, (1, bk), 1)
         s = jnp.where((pos >= nominal) & (pos < length), s, MASK_VALUE)
-        return _online_update(*carry, s, v_ref[pl.ds(start, bk), :], geo)
+        # Cache rows past lengths[b] may hold anything (stale or uninitialised, even NaN), and
+        # 0 * NaN = NaN in the p @ v product, so masked rows of V are zeroed as well.
+        v = v_ref[pl.ds(start, bk), :]
+        v_pos = start + lax.broadcasted_iota(jnp.int32, (bk, 1), 0)
+        v = jnp.where((v_pos >= nominal) & (v_pos < length), v, jnp.zeros_like(v))
+        return _online_update(*carry, s, v, geo)
 
-    carry = lax.fori_loop(lo, hi, body, carry)
+    carry = lax.fori_loop(lo, jnp.minimum(hi, n_full), full_block, carry)
+    # The partial block (if any) is block n_full; it belongs to the split whose range holds it.
+    owns_tail = (n_full < hi) & (n_full >= lo)
+    carry = lax.cond(owns_tail, tail_block, lambda c: c, carry)
 
     # Tree phase: static chunks of the gathered tree K/V, skipped past the tile's last node.
     def tree_phase(carry):
@@ -239,7 +254,17 @@ def _triton_kernel(lengths_ref, q_ref, k_ref, v_ref, kt_ref, vt_ref, bits_ref, *
 
 
 def triton_tree_attention(
-    q_t, k, v, kt, vt, bits, lengths, geo: Geometry, *, interpret: bool, num_warps: int,
+    q_t,
+    k,
+    v,
+    kt,
+    vt,
+    bits,
+    lengths,
+    geo: Geometry,
+    *,
+    interpret: bool,
+    num_warps: int,
     num_stages: int,
 ):
     """Run the Triton-shaped kernel.
@@ -316,8 +341,19 @@ def combine_splits(o, m, l):
 
 
 def _mosaic_kernel(
-    lengths_ref, q_ref, k_ref, v_ref, kt_ref, vt_ref, bits_ref, o_ref, m_scr, l_scr, acc_scr,
-    *, geo,
+    lengths_ref,
+    q_ref,
+    k_ref,
+    v_ref,
+    kt_ref,
+    vt_ref,
+    bits_ref,
+    o_ref,
+    m_scr,
+    l_scr,
+    acc_scr,
+    *,
+    geo,
 ):
     """One grid step = (b, kv head, query tile, kv block j); j is the sequential axis.
 
@@ -414,9 +450,7 @@ def mosaic_tree_attention(
         )
         tree_spec = pl.BlockSpec((None, None, n_pad, d), lambda b, h, i, j, lens: (b, h, 0, 0))
     else:
-        kv_spec = pl.BlockSpec(
-            (None, bk, d), lambda b, h, i, j, lens: (b, kv_block(b, j, lens), h)
-        )
+        kv_spec = pl.BlockSpec((None, bk, d), lambda b, h, i, j, lens: (b, kv_block(b, j, lens), h))
         tree_spec = pl.BlockSpec((None, n_pad, d), lambda b, h, i, j, lens: (b, 0, h))
     q_spec = pl.BlockSpec((None, None, bq, d), lambda b, h, i, j, lens: (b, h, i, 0))
     grid_spec = pltpu.PrefetchScalarGridSpec(

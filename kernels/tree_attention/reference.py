@@ -35,7 +35,9 @@ def visibility(lengths: jax.Array, tree_mask: jax.Array, cache_len: int) -> jax.
     in_block = (offset >= 0) & (offset < n)
     # tree_mask[b, i, offset] through a clipped gather; positions outside the block are masked
     # out by in_block afterwards, so the clipping never leaks.
-    idx = jnp.broadcast_to(jnp.clip(offset, 0, n - 1)[:, None, :], tree_mask.shape[:2] + (cache_len,))
+    idx = jnp.broadcast_to(
+        jnp.clip(offset, 0, n - 1)[:, None, :], tree_mask.shape[:2] + (cache_len,)
+    )
     tree_vis = jnp.take_along_axis(tree_mask, idx, axis=2)  # [B, N, S]
     committed = (offset < 0)[:, None, :]
     return committed | (in_block[:, None, :] & tree_vis)
