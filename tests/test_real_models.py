@@ -40,11 +40,39 @@ def test_stories260k_greedy_reproduces_sanity_text(stories):
     assert text.startswith(SANITY), text
 
 
-def test_stories260k_nll_on_tinystories_dev(stories, shared_dir):
+def stories_nll(stories, shared_dir):
     seqs = [stories.tokenizer.encode(p, bos=True) for p in tinystories_paragraphs(shared_dir, 40)]
     logp, mask = specjax.score(stories.model, seqs)
-    nll = -float(np.sum(logp)) / float(np.sum(mask))
-    assert abs(nll - 1.46) < 0.05, (nll, int(np.sum(mask)))
+    return -float(np.sum(logp)) / float(np.sum(mask)), seqs
+
+
+def test_stories260k_nll_on_tinystories_dev(stories, shared_dir):
+    """Mean NLL per token over the first 40 paragraphs (each BOS + paragraph, 4,059 scored tokens).
+
+    SOURCE.md quotes 1.460 over 4,753 tokens, evidently from a different text sample or procedure
+    (its token count does not match these paragraphs); transformers on the same weights and the
+    same paragraphs gives our value (see the hf test below), 1.357. The band here is wide enough
+    for both and still catches a broken model (a wrong RoPE layout or norm gives > 2).
+    """
+    nll, _ = stories_nll(stories, shared_dir)
+    assert 1.30 < nll < 1.50, nll
+
+
+@pytest.mark.hf
+def test_stories260k_nll_equals_transformers(stories, shared_dir):
+    torch = pytest.importorskip("torch")
+    from specjax.io.export import to_transformers
+
+    nll, seqs = stories_nll(stories, shared_dir)
+    hf = to_transformers(stories.model)
+    total, count = 0.0, 0
+    for ids in seqs:
+        x = torch.tensor([ids])
+        with torch.no_grad():
+            logp = torch.log_softmax(hf(x).logits[0, :-1], -1)
+        total -= float(logp.gather(1, x[0, 1:, None]).sum())
+        count += len(ids) - 1
+    assert abs(nll - total / count) < 1e-4, (nll, total / count)
 
 
 def test_smollm2_chat_answer_contains_paris(smollm):

@@ -61,7 +61,7 @@ def test_llama2c_byte_fallback(tok512):
 def test_llama2c_merges_are_greedy_by_score(tok512):
     """No adjacent pair of the output can still be merged (the merge loop ran to completion)."""
     ids = tok512.encode("The little dog played happily in the garden.", bos=False)
-    for a, b in zip(ids, ids[1:]):
+    for a, b in zip(ids, ids[1:], strict=False):
         assert tok512.pieces[a] + tok512.pieces[b] not in tok512.lookup
 
 
