@@ -5,10 +5,10 @@ Axis letters: B batch, N tree nodes, S cache length, V vocab, T prompt tokens.
 A drafter is an `nnx.Module` (split outside jit, merged inside, like the target) with three
 methods, all traced inside the engine's `lax.while_loop`:
 
-- `init_state(target, prompt_ids, prompt_lens, cache_len)` -> drafter state (a pytree), after the
-  target prefill; the committed sequence is prompt_ids[b, :prompt_lens[b]].
-- `propose(state, target, root_ctx, tree_cfg, sampling, sample_children, keys)`
-  -> (DraftTree, state): a tree whose node 0 is the pending root token; keys [B] per-row keys.
+- `init_state(target, prompt_ids, prompt_lens, cache_len, *, config)` -> drafter state (a pytree),
+  after the target prefill; the committed sequence is prompt_ids[b, :prompt_lens[b]].
+- `propose(state, target, root_ctx, keys, *, config, sampling)` -> (DraftTree, state): a tree of
+  config.tree's shape whose node 0 is the pending root token; keys [B] per-row keys.
 - `commit(state, acceptance, advance, target_hidden)` -> state, after verification.
 
 The engine's convention: the target cache holds positions [0, lengths); the root (the last emitted
@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from specjax.cache import KVCache, commit_path, init_cache
-from specjax.config import SamplingConfig, TreeConfig
+from specjax.config import SamplingConfig, SpecConfig, TreeConfig
 from specjax.decode import causal_block_mask
 from specjax.sampling import apply_sampling
 from specjax.tree import Acceptance, DraftTree
@@ -142,10 +142,11 @@ class LMDrafter(nnx.Module):
             return target, self.self_draft_layers
         return self.draft_model, self.draft_model.config.n_layers
 
-    def _forward(self, target, tokens, positions, cache, tree_mask):
+    def _forward(self, target, tokens, positions, cache, tree_mask, attn_impl):
         model, n = self._model_and_layers(target)
         out = model(
             tokens,
+            attn_impl=attn_impl,
             positions=positions,
             cache=cache,
             tree_mask=tree_mask,
@@ -155,12 +156,16 @@ class LMDrafter(nnx.Module):
         )
         return model.head(out.hidden[n]), out.cache
 
-    def init_state(self, target, prompt_ids, prompt_lens, cache_len) -> LMDrafterState:
+    def init_state(
+        self, target, prompt_ids, prompt_lens, cache_len, *, config: SpecConfig
+    ) -> LMDrafterState:
         model, n = self._model_and_layers(target)
         b, t = prompt_ids.shape
         cache = init_cache(dataclasses.replace(model.config, n_layers=n), b, cache_len)
         positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-        _, cache = self._forward(target, prompt_ids, positions, cache, causal_block_mask(b, t))
+        _, cache = self._forward(
+            target, prompt_ids, positions, cache, causal_block_mask(b, t), config.attn_impl
+        )
         return LMDrafterState(cache=cache.replace(lengths=prompt_lens))
 
     def propose(
@@ -168,11 +173,13 @@ class LMDrafter(nnx.Module):
         state: LMDrafterState,
         target,
         ctx: RootContext,
-        tree_cfg: TreeConfig,
-        sampling: SamplingConfig,
-        sample_children: bool,
         keys,
+        *,
+        config: SpecConfig,
+        sampling: SamplingConfig,
     ) -> tuple[DraftTree, LMDrafterState]:
+        tree_cfg = config.tree
+        sample_children = config.children_sampled(sampling)
         b = ctx.root.shape[0]
         n = tree_cfg.num_nodes
         parents, depth = tree_constants(tree_cfg, b)
@@ -191,7 +198,9 @@ class LMDrafter(nnx.Module):
         keys = jax.vmap(lambda k: jax.random.split(k, tree_cfg.max_depth))(keys)  # [B, D]
         for d, c in enumerate(tree_cfg.branching):
             block = jnp.concatenate([ctx.prev[:, None], tokens], axis=1)
-            logits, cache = self._forward(target, block, positions, cache, block_mask)
+            logits, cache = self._forward(
+                target, block, positions, cache, block_mask, config.attn_impl
+            )
             lo, width = tree_cfg.level_start(d), tree_cfg.level_sizes[d]
             frontier_logits = logits[:, 1 + lo : 1 + lo + width]  # [B, W, V]
             child_tokens, child_prob, q = choose_children(

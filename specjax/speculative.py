@@ -31,8 +31,8 @@ from specjax.decode import (
     check_sampling,
     choose_tokens,
     prefill,
-    prepare_prompts,
     prepare_keys,
+    prepare_prompts,
 )
 from specjax.drafting import RootContext, static_ancestor_mask
 from specjax.sampling import apply_sampling
@@ -82,7 +82,6 @@ def _speculative(
     tree_cfg = config.tree
     rule = config.resolved_rule(sampling)
     verify = rules.RULES[rule]
-    sample_children = config.children_sampled(sampling)
     b, t = ids.shape
     n, p = tree_cfg.num_nodes, tree_cfg.max_depth + 1
     cache_len = t + max_new_tokens + n + 1
@@ -90,7 +89,7 @@ def _speculative(
     cache = init_cache(target.config, b, cache_len)
     logits, cache, _ = prefill(target, ids, prompt_lens, cache, config.attn_impl)
     first = choose_tokens(logits, keys, 0, sampling)
-    drafter_state = drafter.init_state(target, ids, prompt_lens, cache_len)
+    drafter_state = drafter.init_state(target, ids, prompt_lens, cache_len, config=config)
     prev = jnp.take_along_axis(ids, (prompt_lens - 1)[:, None], axis=1)[:, 0]
     state = _SpecState(
         tokens=jnp.zeros((b, max_new_tokens + p), jnp.int32).at[:, 0].set(first),
@@ -115,7 +114,7 @@ def _speculative(
         draft_keys, verify_keys = split[:, 0], split[:, 1]
         ctx = RootContext(root=s.root, prev=s.prev, lengths=lengths)
         tree, drafter_state = drafter.propose(
-            s.drafter_state, target, ctx, tree_cfg, sampling, sample_children, draft_keys
+            s.drafter_state, target, ctx, draft_keys, config=config, sampling=sampling
         )
         out = target(
             tree.tokens,

@@ -193,3 +193,18 @@ def test_greedy_equals_generate_smollm2_self_draft(shared_dir):
             loaded.model, drafter, [prompt], max_new_tokens=64, eos_id=tok.eos_id
         )
         np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
+
+
+def test_pallas_kernel_interpret_gives_same_tokens_stories260k(stories_pair, shared_dir):
+    """The Pallas tree-attention kernel (interpret mode on CPU) in prefill, draft and verify."""
+    target, drafter = stories_pair
+    prompts = tinystories_prompts(shared_dir, target.tokenizer, 2)
+    kw = dict(max_new_tokens=24, sampling=SamplingConfig(temperature=1.0), key=jax.random.key(0))
+    tree = TreeConfig(branching=(2, 2, 1))
+    ref = specjax.speculative_generate(
+        target.model, drafter, prompts, config=SpecConfig(tree=tree, attn_impl="reference"), **kw
+    )
+    out = specjax.speculative_generate(
+        target.model, drafter, prompts, config=SpecConfig(tree=tree, attn_impl="interpret"), **kw
+    )
+    np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
