@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from pathlib import Path
 
 from specjax.config import ModelConfig
@@ -70,7 +71,13 @@ def load(
         from specjax.io.gguf_reader import read_gguf
 
         cfg, weights = read_gguf(path)
-        found = tok.tokenizer_from_gguf(path)
+        try:
+            found = tok.tokenizer_from_gguf(path)
+        except ValueError as e:  # no tokenizer in the metadata, or a kind we cannot rebuild
+            warnings.warn(
+                f"{path}: {e}; loading without a tokenizer (pass tokenizer=...)", stacklevel=2
+            )
+            found = None
     else:
         from specjax.io.hf import read_hf_dir
 
