@@ -3,6 +3,7 @@
 specjax demo
 specjax generate --model PATH --prompt TEXT [--drafter PATH|self:K] [--tree N,DEPTH,TOPK]
                  [--max-new-tokens N] [--temperature T] [--chat]
+specjax bench [--targets ...] [--datasets ...] [--prompts FILE ...] [--methods SPEC ...] [--quick]
 """
 
 from __future__ import annotations
@@ -165,6 +166,13 @@ def cmd_demo(args) -> int:
     return 0
 
 
+def cmd_bench(args) -> int:
+    """Spec-Bench-style benchmark (specjax.bench): tables and plots under experiments/results."""
+    from specjax.bench import run_from_args
+
+    return run_from_args(args, command="specjax " + " ".join(sys.argv[1:]))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specjax", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -191,6 +199,14 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--temperature", type=float, default=0.0)
     demo.add_argument("--tree", default=None, help="draft tree N,DEPTH,TOPK (default: chain of 4)")
     demo.set_defaults(func=cmd_demo)
+    from specjax.bench import add_arguments as add_bench_arguments
+
+    bench = sub.add_parser(
+        "bench",
+        help="Spec-Bench-style benchmark vs autoregressive decoding and transformers",
+    )
+    add_bench_arguments(bench, default_out="experiments/results/bench.md")
+    bench.set_defaults(func=cmd_bench)
     return parser
 
 

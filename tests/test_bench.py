@@ -1,0 +1,195 @@
+"""The benchmark harness (specjax.bench): Spec-Bench reader, method specs, one tiny end-to-end
+run that writes the table and plots, the command line, and the transformers peer (hf)."""
+
+import dataclasses
+import json
+import math
+
+import numpy as np
+import pytest
+from conftest import require
+from flax import nnx
+
+import specjax
+from specjax import bench
+from specjax.config import TINY, TreeConfig
+from specjax.paths import LLAMA2XS, STORIES260K
+
+
+@pytest.fixture(scope="module")
+def tiny_target():
+    return bench.Target(name="tiny", model=specjax.Llama(TINY, rngs=nnx.Rngs(0)))
+
+
+def tiny_prompts(n=2, max_new=8, seed=0):
+    rng = np.random.default_rng(seed)
+    prompts = tuple(
+        bench.Prompt(str(i), "random", tuple(int(t) for t in rng.integers(1, TINY.vocab_size, 5)))
+        for i in range(n)
+    )
+    return bench.PromptSet("random", prompts, max_new)
+
+
+def test_read_spec_bench_any_file(tmp_path):
+    """Ragged records as found in Spec-Bench / EAGLE / FastChat files: int or str ids, extra
+    fields, several turns, a missing category, blank lines."""
+    lines = [
+        json.dumps({"question_id": 81, "category": "writing", "turns": ["a", "b"]}),
+        "",
+        json.dumps({"question_id": "q2", "category": "math", "turns": ["c"], "reference": ["x"]}),
+        json.dumps({"turns": ["d"]}),
+    ]
+    path = tmp_path / "questions.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    qs = bench.read_spec_bench(path)
+    assert [q.question_id for q in qs] == ["81", "q2", "4"]
+    assert [q.category for q in qs] == ["writing", "math", ""]
+    assert qs[0].turns == ("a", "b")
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [("{not json", "not a JSON object"), ('{"turns": []}', "non-empty list"), ("", "no questions")],
+)
+def test_read_spec_bench_errors_name_the_line(tmp_path, bad, message):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(bad + "\n")
+    with pytest.raises(ValueError, match=message):
+        bench.read_spec_bench(path)
+
+
+@pytest.mark.parametrize("name", list(bench.SPEC_BENCH_FILES))
+def test_shared_spec_bench_files_load(shared_dir, name):
+    require(shared_dir / "data" / bench.SPEC_BENCH_FILES[name])
+    qs = bench.read_spec_bench(bench.SPEC_BENCH_FILES[name])
+    assert len(qs) >= 79 and all(q.turns and q.turns[0] for q in qs)
+
+
+def test_select_questions_round_robin_over_categories():
+    qs = [bench.Question(str(i), "ab"[i >= 3], ("t",)) for i in range(5)]  # a a a b b
+    assert [q.question_id for q in bench.select_questions(qs, 4)] == ["0", "3", "1", "4"]
+    assert len(bench.select_questions(qs, 10)) == 5
+
+
+def test_parse_method():
+    m = bench.parse_method("self:8@6,2,3")
+    assert (m.kind, m.drafter, m.tree, m.rule) == (
+        "spec",
+        "self:8",
+        TreeConfig(branching=(3, 1)),
+        "auto",
+    )
+    assert m.name == "self-draft 8L tree (3,1)" and m.draft_nodes == "6"
+    hsd = bench.parse_method(f"{LLAMA2XS}@4,4,1@hsd")
+    assert hsd.tree == TreeConfig.chain(4) and hsd.name == "llama2xs-279K chain 4, hsd"
+    assert bench.parse_method("self:2").tree == TreeConfig.chain(4)
+    assert bench.parse_method("hf-pld:5").lookup_tokens == 5
+    assert bench.parse_method("hf-assisted:x/model.bin").kind == bench.HF_ASSISTED
+    assert bench.parse_method("ar").kind == bench.AR
+    with pytest.raises(ValueError, match="needs a chain"):
+        bench.parse_method("self:2@6,2,3@hsd")
+
+
+def test_bench_tiny_model_table_and_plots(tiny_target, tmp_path):
+    methods = [bench.parse_method("self:1@2,2,1")]  # the AR baseline is added by bench()
+    rows = bench.bench(
+        tiny_target, [tiny_prompts()], methods, temperatures=(0.0, 1.0), reps=1, hf=False,
+        log=lambda _: None,
+    )  # fmt: skip
+    assert [(r.temperature, r.kind) for r in rows] == [
+        (0.0, "ar"),
+        (0.0, "spec"),
+        (1.0, "ar"),
+        (1.0, "spec"),
+    ]
+    greedy_spec = rows[1]
+    assert greedy_spec.greedy_equal == 1.0 and not greedy_spec.mismatches
+    assert greedy_spec.tau >= 1.0 and greedy_spec.n_tokens == 2 * 8
+    assert sum(greedy_spec.accepted_hist) > 0 and len(greedy_spec.accepted_hist) == 3
+    assert rows[0].speedup == 1.0 and math.isnan(rows[3].greedy_equal)
+    assert all(r.compile_s >= 0 and r.tokens_per_s > 0 for r in rows)
+
+    out = tmp_path / "bench.md"
+    bench.write_markdown(rows, bench.device_header(dtype="float32"), out)
+    text = out.read_text()
+    assert "| " + " | ".join(bench.COLUMNS) + " |" in text
+    assert "backend:" in text and "None: every greedy output equals" in text
+    assert text.count("| tiny | random |") == 4
+    plots = bench.write_plots(rows, tmp_path / "bench")
+    assert {p.name for p in plots} == {"bench_tau.png", "bench_speedup.png", "bench_accepted.png"}
+    assert all(p.stat().st_size > 0 for p in plots)
+    bench.write_json(rows, {"x": 1}, tmp_path / "bench.json")
+    assert len(json.loads((tmp_path / "bench.json").read_text())["rows"]) == 4
+
+
+def test_explain_mismatch_points_at_the_first_difference(tiny_target):
+    prompt = tiny_prompts(1).prompts[0]
+    ref = np.array([3, 4, 5, 6])
+    text = bench.explain_mismatch(tiny_target, prompt, ref, np.array([3, 4, 9, 6]))
+    assert "first differs at generated token 2: AR 5, this method 9" in text
+    assert "nats" in text
+
+
+def test_cli_bench_stories_quick(shared_dir, tmp_path, capsys):
+    require(shared_dir / STORIES260K)
+    from specjax.cli import main
+
+    out = tmp_path / "bench.md"
+    argv = ["bench", "--targets", "stories260K", "--quick", "--no-hf", "--temperatures", "0"]
+    argv += ["--methods", "ar", f"{LLAMA2XS}@4,4,1", "--out", str(out)]
+    assert main(argv) == 0
+    text = (tmp_path / "bench_quick.md").read_text()
+    assert "| stories260K | tinystories | 0 | llama2xs-279K chain 4 | 4 |" in text
+    assert "100% (2/2)" in text and "transformers peer: not run" in text
+    for name in ("tau", "speedup", "accepted"):
+        assert (tmp_path / f"bench_quick_{name}.png").exists()
+    capsys.readouterr()
+    assert main(["bench", "--device-info", "--no-hf"]) == 0
+    assert "- backend:" in capsys.readouterr().out
+
+
+def test_unknown_dataset_and_target_are_errors():
+    with pytest.raises(ValueError, match="unknown dataset"):
+        bench.Dataset.named("nope", 1, 1)
+    from specjax.cli import main
+
+    assert main(["bench", "--targets", "nope", "--device-info"]) == 2
+
+
+@pytest.mark.hf
+def test_transformers_peer_tiny(tiny_target):
+    """transformers generate and prompt lookup on the exported tiny model: greedy outputs equal
+    specjax autoregressive decoding (or the mismatch is a near-tie), tau counted, ratios set."""
+    pytest.importorskip("transformers")
+    methods = [bench.Method(kind=bench.HF_GENERATE), bench.Method(kind=bench.HF_LOOKUP)]
+    rows = bench.bench(
+        tiny_target, [tiny_prompts()], methods, temperatures=(0.0, 1.0), reps=1,
+        log=lambda _: None,
+    )  # fmt: skip
+    by = {(r.temperature, r.method): r for r in rows}
+    gen, pld = by[(0.0, "HF generate")], by[(0.0, "HF prompt lookup (10)")]
+    for r in (gen, pld):
+        assert r.greedy_equal == 1.0 or all("near-tie" in m for m in r.mismatches), r.mismatches
+        assert r.n_tokens == 16 and math.isnan(r.compile_s)
+    assert gen.tau == pytest.approx(1.0) and gen.vs_hf_generate == pytest.approx(1.0)
+    assert by[(1.0, "HF generate")].n_tokens == 16
+    assert not math.isnan(by[(0.0, "specjax autoregressive")].vs_hf_spec)
+
+
+@pytest.mark.hf
+def test_transformers_assisted_peer_stories(shared_dir):
+    """Assisted generation with llama2xs-279K for stories260K, same weights as specjax."""
+    pytest.importorskip("transformers")
+    require(shared_dir / STORIES260K)
+    suite = bench.SUITES["stories260K"]
+    target, _ = suite.load()
+    prompts = dataclasses.replace(suite.datasets[0], n_prompts=2, max_new_tokens=8)
+    methods = [bench.Method(kind=bench.HF_ASSISTED, drafter=LLAMA2XS)]
+    rows = bench.bench(
+        target, [prompts.load(target.tokenizer)], methods, temperatures=(0.0,), reps=1,
+        log=lambda _: None,
+    )  # fmt: skip
+    assisted = rows[1]
+    assert assisted.method == "HF assisted (llama2xs-279K)" and assisted.n_tokens == 16
+    assert assisted.greedy_equal == 1.0 or all("near-tie" in m for m in assisted.mismatches)
+    assert assisted.tau > 1.0
