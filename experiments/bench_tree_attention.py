@@ -28,6 +28,7 @@ import numpy as np
 from specjax.kernels.tree_attention import tree_attention, tree_attention_reference
 
 from specjax.benchmark import device_header, time_interleaved
+from specjax.tree import static_ancestor_mask
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -66,16 +67,13 @@ def peak_bandwidth(device_kind: str) -> float | None:
 
 
 def random_tree_mask(rng: np.random.Generator, batch: int, n: int) -> np.ndarray:
-    """[B, N, N] ancestors-or-self mask of random trees (parents[i] < i)."""
-    mask = np.zeros((batch, n, n), bool)
-    for b in range(batch):
-        parents = [-1] + [int(rng.integers(0, i)) for i in range(1, n)]
-        for i in range(n):
-            j = i
-            while j >= 0:
-                mask[b, i, j] = True
-                j = parents[j]
-    return mask
+    """[B, N, N] ancestors-or-self masks of random trees (parents[i] < i, node 0 the root)."""
+    return np.stack(
+        [
+            static_ancestor_mask([-1] + [int(rng.integers(0, i)) for i in range(1, n)])
+            for _ in range(batch)
+        ]
+    )
 
 
 def make_inputs(b, n, s, h, kh, d, dtype, seed=0):

@@ -38,18 +38,15 @@ def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype=None) -> KVCach
     )
 
 
-def commit_path(
-    cache: KVCache, path: jax.Array, n_accepted: jax.Array, advance: jax.Array
-) -> KVCache:
+def commit_path(cache: KVCache, path: jax.Array, advance: jax.Array) -> KVCache:
     """Move the accepted tree nodes' K/V into contiguous positions and advance lengths.
 
     The verified tree block sits at scratch slots [lengths, lengths + N); node i at lengths + i.
     path [B, P] lists accepted node indices from the root (path[:, 0] = 0 = the root, which is the
-    last committed token fed again); n_accepted [B] counts accepted draft nodes. After the commit,
-    slots lengths + j hold node path[j] for j <= n_accepted, and lengths += advance [B] (typically
+    last committed token fed again; slots past the accepted nodes hold 0). After the commit, slot
+    lengths + j holds node path[j] for every accepted j, and lengths += advance [B] (typically
     n_accepted + 1 for live rows, 0 for finished rows).
     """
-    p = path.shape[1]
 
     def one_row(kv_row, start, row_path):
         # kv_row [L, S, K, D]; gather the P path slots then write them back contiguously.
@@ -58,8 +55,7 @@ def commit_path(
         return jax.lax.dynamic_update_slice(kv_row, gathered, (0, start, 0, 0))
 
     def commit(kv):
-        # Only the first n_accepted + 1 slots matter; slots past them are scratch anyway.
+        # Only the accepted slots matter; the copies past them land in scratch slots anyway.
         return jax.vmap(one_row, in_axes=(1, 0, 0), out_axes=1)(kv, cache.lengths, path)
 
-    del p, n_accepted
     return KVCache(k=commit(cache.k), v=commit(cache.v), lengths=cache.lengths + advance)

@@ -22,6 +22,8 @@ from flax import nnx
 
 from specjax.cache import KVCache, init_cache
 from specjax.config import ModelConfig, SamplingConfig
+from specjax.sampling import apply_sampling
+from specjax.tree import causal_mask
 
 PROMPT_BUCKET = 16
 
@@ -116,10 +118,6 @@ def check_sampling(sampling: SamplingConfig) -> None:
         raise ValueError(f"sampling must be a SamplingConfig, got {type(sampling).__name__}")
 
 
-def causal_block_mask(batch: int, t: int) -> jax.Array:
-    return jnp.broadcast_to(jnp.tril(jnp.ones((t, t), bool)), (batch, t, t))
-
-
 def prefill(
     model,
     ids: jax.Array,
@@ -136,7 +134,7 @@ def prefill(
         ids,
         positions=positions,
         cache=cache,
-        tree_mask=causal_block_mask(b, t),
+        tree_mask=causal_mask(b, t),
         logits_index=(prompt_lens - 1)[:, None],
         return_hidden=return_hidden,
         attn_impl=attn_impl,
@@ -150,8 +148,6 @@ def choose_tokens(logits: jax.Array, keys: jax.Array, step, sampling: SamplingCo
     folded with `step` (scalar or [B])."""
     if sampling.greedy:
         return jnp.argmax(logits, axis=-1).astype(jnp.int32)
-    from specjax.sampling import apply_sampling
-
     probs = apply_sampling(logits, sampling)
     step = jnp.broadcast_to(step, keys.shape)
     step_keys = jax.vmap(jax.random.fold_in)(keys, step)
@@ -273,7 +269,7 @@ def _score(graphdef, params, ids, lens, *, attn_impl: str):
         ids,
         positions=positions,
         cache=cache,
-        tree_mask=causal_block_mask(b, t),
+        tree_mask=causal_mask(b, t),
         attn_impl=attn_impl,
     ).logits
     logp = jax.nn.log_softmax(logits[:, :-1], axis=-1)

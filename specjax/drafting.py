@@ -26,9 +26,8 @@ from flax import nnx
 
 from specjax.cache import KVCache, commit_path, init_cache
 from specjax.config import SamplingConfig, SpecConfig, TreeConfig
-from specjax.decode import causal_block_mask
 from specjax.sampling import apply_sampling
-from specjax.tree import Acceptance, DraftTree
+from specjax.tree import Acceptance, DraftTree, causal_mask, static_ancestor_mask
 
 
 @flax.struct.dataclass
@@ -50,20 +49,6 @@ def tree_constants(tree_cfg: TreeConfig, batch: int) -> tuple[jax.Array, jax.Arr
     depth = jnp.asarray(tree_cfg.depths(), jnp.int32)
     n = tree_cfg.num_nodes
     return jnp.broadcast_to(parents, (batch, n)), jnp.broadcast_to(depth, (batch, n))
-
-
-def static_ancestor_mask(tree_cfg: TreeConfig) -> jax.Array:
-    """[N, N] bool: mask[i, j] = node j is node i or one of its ancestors."""
-    parents = tree_cfg.parents()
-    n = len(parents)
-    rows = []
-    for i in range(n):
-        row, j = [False] * n, i
-        while j >= 0:
-            row[j] = True
-            j = parents[j]
-        rows.append(row)
-    return jnp.asarray(rows, bool)
 
 
 def choose_children(
@@ -164,7 +149,7 @@ class LMDrafter(nnx.Module):
         cache = init_cache(dataclasses.replace(model.config, n_layers=n), b, cache_len)
         positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
         _, cache = self._forward(
-            target, prompt_ids, positions, cache, causal_block_mask(b, t), config.attn_impl
+            target, prompt_ids, positions, cache, causal_mask(b, t), config.attn_impl
         )
         return LMDrafterState(cache=cache.replace(lengths=prompt_lens))
 
@@ -184,7 +169,7 @@ class LMDrafter(nnx.Module):
         n = tree_cfg.num_nodes
         parents, depth = tree_constants(tree_cfg, b)
         # Block = [prev, node 0 = root, nodes 1..N-1], written from lengths - 1.
-        anc = static_ancestor_mask(tree_cfg)
+        anc = jnp.asarray(static_ancestor_mask(tree_cfg.parents()))
         block_mask = jnp.ones((n + 1, n + 1), bool).at[1:, 1:].set(anc).at[0, 1:].set(False)
         block_mask = jnp.broadcast_to(block_mask, (b, n + 1, n + 1))
         positions = jnp.concatenate(
@@ -226,6 +211,4 @@ class LMDrafter(nnx.Module):
         self, state: LMDrafterState, acceptance: Acceptance, advance, target_hidden=None
     ) -> LMDrafterState:
         del target_hidden
-        return LMDrafterState(
-            cache=commit_path(state.cache, acceptance.path, acceptance.n_accepted, advance)
-        )
+        return LMDrafterState(cache=commit_path(state.cache, acceptance.path, advance))

@@ -34,8 +34,9 @@ from specjax.decode import (
     prepare_keys,
     prepare_prompts,
 )
-from specjax.drafting import RootContext, static_ancestor_mask
+from specjax.drafting import RootContext
 from specjax.sampling import apply_sampling
+from specjax.tree import static_ancestor_mask
 
 
 @flax.struct.dataclass
@@ -102,7 +103,7 @@ def _speculative(
         target_calls=jnp.zeros((b,), jnp.int32),
         accepted_hist=jnp.zeros((b, p), jnp.int32),
     )
-    anc = jnp.broadcast_to(static_ancestor_mask(tree_cfg), (b, n, n))
+    anc = jnp.broadcast_to(static_ancestor_mask(tree_cfg.parents()), (b, n, n))
 
     def cond(s: _SpecState):
         return ~jnp.all(s.done)
@@ -142,7 +143,7 @@ def _speculative(
         done = s.done | is_eos.any(axis=1) | (n_generated >= max_new_tokens)
 
         advance = jnp.where(live, n_emit, 0)
-        cache = commit_path(out.cache, acc.path, acc.n_accepted, advance)
+        cache = commit_path(out.cache, acc.path, advance)
         drafter_state = drafter.commit(drafter_state, acc, advance)
         last_accepted = jnp.take_along_axis(
             tree.tokens, jnp.take_along_axis(acc.path, acc.n_accepted[:, None], axis=1), axis=1

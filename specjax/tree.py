@@ -12,6 +12,7 @@ from __future__ import annotations
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 @flax.struct.dataclass
@@ -91,6 +92,19 @@ def chain_tree(
 # Topology helpers. All are jittable with static shapes; `max_depth` (P = max_depth + 1) is a
 # static Python int wherever it appears.
 # ---------------------------------------------------------------------------------------------
+
+
+def static_ancestor_mask(parents) -> np.ndarray:
+    """[N, N] bool numpy mask of a fixed topology: mask[i, j] = node j is node i or one of its
+    ancestors. parents: sequence of N ints in topological order (-1 for the root)."""
+    n = len(parents)
+    mask = np.zeros((n, n), bool)
+    for i in range(n):
+        j = i
+        while j >= 0:
+            mask[i, j] = True
+            j = parents[j]
+    return mask
 
 
 def ancestor_mask(parents: jax.Array) -> jax.Array:

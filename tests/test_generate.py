@@ -12,6 +12,7 @@ import specjax
 from specjax import decode
 from specjax.cache import init_cache
 from specjax.config import TINY, ModelConfig, SamplingConfig
+from specjax.tree import causal_mask
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +47,7 @@ def test_greedy_matches_full_recompute(tiny):
             jnp.asarray([seq]),
             positions=jnp.arange(t)[None],
             cache=init_cache(TINY, 1, t),
-            tree_mask=decode.causal_block_mask(1, t),
+            tree_mask=causal_mask(1, t),
         )
         seq.append(int(jnp.argmax(res.logits[0, -1])))
     np.testing.assert_array_equal(np.asarray(out.tokens[0]), seq[len(prompt) :])

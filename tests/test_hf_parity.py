@@ -10,7 +10,7 @@ import torch  # noqa: E402
 
 import specjax  # noqa: E402
 from specjax.cache import init_cache  # noqa: E402
-from specjax.decode import causal_block_mask  # noqa: E402
+from specjax.tree import causal_mask  # noqa: E402
 
 pytestmark = pytest.mark.hf
 
@@ -72,7 +72,7 @@ def test_prefill_logits_match(pair):
         jnp.asarray(ids),
         positions=jnp.broadcast_to(jnp.arange(11), (2, 11)),
         cache=cache,
-        tree_mask=causal_block_mask(2, 11),
+        tree_mask=causal_mask(2, 11),
     )
     np.testing.assert_allclose(np.asarray(out.logits), hf_logits(hf, ids), atol=1e-4, rtol=0)
 
@@ -87,7 +87,7 @@ def test_stepwise_decode_with_cache_matches(pair):
         jnp.asarray(ids[:, :4]),
         positions=jnp.broadcast_to(jnp.arange(4), (2, 4)),
         cache=cache,
-        tree_mask=causal_block_mask(2, 4),
+        tree_mask=causal_mask(2, 4),
     )
     cache = out.cache.replace(lengths=jnp.full((2,), 4, jnp.int32))
     got = [np.asarray(out.logits)]

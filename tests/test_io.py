@@ -8,9 +8,9 @@ import pytest
 
 import specjax
 from specjax.cache import init_cache
-from specjax.decode import causal_block_mask
 from specjax.io.llama2c import MAGIC_V1, read_llama2c
 from specjax.paths import STORIES260K
+from specjax.tree import causal_mask
 
 
 def logits_of(model, ids):
@@ -20,7 +20,7 @@ def logits_of(model, ids):
             jnp.asarray([ids]),
             positions=jnp.arange(t)[None],
             cache=init_cache(model.config, 1, t),
-            tree_mask=causal_block_mask(1, t),
+            tree_mask=causal_mask(1, t),
         ).logits[0]
     )
 

@@ -64,7 +64,7 @@ def drafter():
 def exact_joint(target, sampling: SamplingConfig) -> np.ndarray:
     """P(x1, x2, x3 | PROMPT) after the sampling transform, shape [V, V, V], by enumeration."""
     from specjax.cache import init_cache
-    from specjax.decode import causal_block_mask
+    from specjax.tree import causal_mask
 
     seqs = np.array([PROMPT + [a, b, c] for a in range(V) for b in range(V) for c in range(V)])
     t = seqs.shape[1]
@@ -72,7 +72,7 @@ def exact_joint(target, sampling: SamplingConfig) -> np.ndarray:
         jnp.asarray(seqs),
         positions=jnp.broadcast_to(jnp.arange(t), seqs.shape),
         cache=init_cache(CFG, len(seqs), t),
-        tree_mask=causal_block_mask(len(seqs), t),
+        tree_mask=causal_mask(len(seqs), t),
     ).logits
     probs = np.asarray(apply_sampling(logits, sampling))  # [V^3, T, V]
     k = len(PROMPT)

@@ -104,7 +104,7 @@ def test_smollm2_logits_match_transformers_gguf(smollm, shared_dir):
     with torch.no_grad():
         expected = hf(torch.tensor([ids])).logits.numpy()[0]
     from specjax.cache import init_cache
-    from specjax.decode import causal_block_mask
+    from specjax.tree import causal_mask
 
     t = len(ids)
     import jax.numpy as jnp
@@ -113,7 +113,7 @@ def test_smollm2_logits_match_transformers_gguf(smollm, shared_dir):
         jnp.asarray([ids]),
         positions=jnp.arange(t)[None],
         cache=init_cache(smollm.config, 1, t),
-        tree_mask=causal_block_mask(1, t),
+        tree_mask=causal_mask(1, t),
     ).logits[0]
     err = float(np.max(np.abs(np.asarray(got) - expected)))
     assert err < 1e-3, err

@@ -19,6 +19,8 @@ import numpy as np
 import pytest
 from specjax.kernels.tree_attention import ops, tree_attention, tree_attention_reference
 
+from specjax.tree import static_ancestor_mask
+
 # (atol, rtol). bf16: inputs are exactly representable in both paths; the error comes from the
 # kernel's bf16 probabilities in p @ v and the bf16 rounding of the output (2^-8 relative).
 TOLERANCE = {jnp.float32: (1e-5, 1e-5), jnp.bfloat16: (2e-2, 2e-2)}
@@ -68,15 +70,12 @@ def _case_id(case) -> str:
 
 def random_tree_mask(rng: np.random.Generator, batch: int, n: int) -> np.ndarray:
     """[B, N, N] ancestors-or-self masks of random trees (parents[i] < i, node 0 the root)."""
-    mask = np.zeros((batch, n, n), bool)
-    for b in range(batch):
-        parents = [-1] + [int(rng.integers(0, i)) for i in range(1, n)]
-        for i in range(n):
-            j = i
-            while j >= 0:
-                mask[b, i, j] = True
-                j = parents[j]
-    return mask
+    return np.stack(
+        [
+            static_ancestor_mask([-1] + [int(rng.integers(0, i)) for i in range(1, n)])
+            for _ in range(batch)
+        ]
+    )
 
 
 def ragged_lengths(rng: np.random.Generator, batch: int, n: int, s: int, block: int) -> np.ndarray:
