@@ -100,16 +100,40 @@ class TreeConfig:
     """
 
     branching: tuple[int, ...] = (1, 1, 1, 1)
+    # > 0: a dynamic tree of `budget` draft nodes (root excluded) whose topology the drafter
+    # chooses every step (EAGLE-2 style: depth len(branching), top-max(branching) expansion).
+    budget: int = 0
 
     def __post_init__(self):
         if not self.branching or any(int(b) < 1 for b in self.branching):
             raise ValueError(
                 f"tree branching must be a non-empty tuple of ints >= 1, got {self.branching}"
             )
+        if self.budget < 0:
+            raise ValueError(f"tree budget must be >= 0, got {self.budget}")
 
     @classmethod
     def chain(cls, k: int) -> TreeConfig:
         return cls(branching=(1,) * k)
+
+    @classmethod
+    def dynamic(cls, nodes: int, depth: int, topk: int) -> TreeConfig:
+        """A dynamic tree: `nodes` draft nodes at most `depth` deep, every expanded node
+        proposing its `topk` best children (feature drafters pick the best nodes by cumulative
+        draft probability)."""
+        if min(nodes, depth, topk) < 1:
+            raise ValueError(
+                f"dynamic tree needs nodes, depth, topk >= 1, got {(nodes, depth, topk)}"
+            )
+        return cls(branching=(topk,) + (1,) * (depth - 1), budget=nodes)
+
+    @property
+    def is_dynamic(self) -> bool:
+        return self.budget > 0
+
+    @property
+    def topk(self) -> int:
+        return max(self.branching)
 
     @property
     def is_chain(self) -> bool:
@@ -129,13 +153,16 @@ class TreeConfig:
 
     @property
     def num_nodes(self) -> int:
-        return sum(self.level_sizes)
+        """N, the root included."""
+        return self.budget + 1 if self.is_dynamic else sum(self.level_sizes)
 
     def level_start(self, depth: int) -> int:
         return sum(self.level_sizes[:depth])
 
     def parents(self) -> tuple[int, ...]:
         """Parent index of every node (-1 for the root), breadth-first numbering."""
+        if self.is_dynamic:
+            raise ValueError("a dynamic tree has no fixed topology (its drafter chooses it)")
         parents = [-1]
         for d, b in enumerate(self.branching):
             start = self.level_start(d)
@@ -169,9 +196,18 @@ class SpecConfig:
                 f"rule {self.rule!r} needs a chain tree, got branching {self.tree.branching}"
             )
 
-    def resolved_rule(self, sampling: SamplingConfig) -> str:
+    def resolved_rule(self, sampling: SamplingConfig, sampled_children: bool = True) -> str:
+        """The rule that runs. sampled_children=False is a drafter whose children are its top-k
+        (feature drafters): only the one-hot tree rule is lossless for those when sampling."""
         if sampling.greedy:
             return "greedy"
+        if not sampled_children:
+            if self.rule not in ("auto", "tree_onehot"):
+                raise ValueError(
+                    f"rule {self.rule!r} needs children sampled from the drafter, but this "
+                    "drafter proposes its top-k: use rule 'auto' or 'tree_onehot'"
+                )
+            return "tree_onehot"
         if self.rule != "auto":
             return self.rule
         return "chain" if self.tree.is_chain else "tree_onehot"

@@ -5,11 +5,19 @@ Axis letters: B batch, N tree nodes, S cache length, V vocab, T prompt tokens.
 A drafter is an `nnx.Module` (split outside jit, merged inside, like the target) with three
 methods, all traced inside the engine's `lax.while_loop`:
 
-- `init_state(target, prompt_ids, prompt_lens, cache_len, *, config)` -> drafter state (a pytree),
-  after the target prefill; the committed sequence is prompt_ids[b, :prompt_lens[b]].
-- `propose(state, target, root_ctx, keys, *, config, sampling)` -> (DraftTree, state): a tree of
-  config.tree's shape whose node 0 is the pending root token; keys [B] per-row keys.
-- `commit(state, acceptance, advance, target_hidden)` -> state, after verification.
+- `init_state(target, prompt_ids, prompt_lens, cache_len, *, config, target_hidden)` -> drafter
+  state (a pytree), after the target prefill; the committed sequence is
+  prompt_ids[b, :prompt_lens[b]].
+- `propose(state, target, root_ctx, keys, *, config, sampling)` -> (DraftTree, state): a tree
+  with config.tree's node budget and depth whose node 0 is the pending root token; keys [B]
+  per-row keys.
+- `commit(state, acceptance, advance, *, target, target_hidden)` -> state, after verification.
+
+Class attributes tell the engine what a drafter needs: `uses_target_features` (the engine then
+computes the target's last hidden state and passes it as target_hidden: [B, T, M] for the prompt,
+[B, N, M] for the verified tree; None otherwise) and `samples_children` (False for drafters whose
+children are top-k, which sampled decoding verifies with the one-hot tree rule). An optional
+`stats(state)` returns per-row statistics [B] merged into the output's stats.
 
 The engine's convention: the target cache holds positions [0, lengths); the root (the last emitted
 token) is pending at position `lengths`; the verified tree block is written at [lengths, lengths+N).
@@ -96,6 +104,9 @@ class LMDrafter(nnx.Module):
     is refed so the drafter's cache never has a hole after a fully accepted draft.
     """
 
+    uses_target_features = False
+    samples_children = True
+
     def __init__(self, draft_model=None, *, n_layers: int | None = None):
         self.draft_model = draft_model
         self.self_draft_layers = n_layers
@@ -142,8 +153,9 @@ class LMDrafter(nnx.Module):
         return model.head(out.hidden[n]), out.cache
 
     def init_state(
-        self, target, prompt_ids, prompt_lens, cache_len, *, config: SpecConfig
+        self, target, prompt_ids, prompt_lens, cache_len, *, config: SpecConfig, target_hidden=None
     ) -> LMDrafterState:
+        del target_hidden
         model, n = self._model_and_layers(target)
         b, t = prompt_ids.shape
         cache = init_cache(dataclasses.replace(model.config, n_layers=n), b, cache_len)
@@ -208,7 +220,13 @@ class LMDrafter(nnx.Module):
         return tree, LMDrafterState(cache=cache.replace(lengths=ctx.lengths))
 
     def commit(
-        self, state: LMDrafterState, acceptance: Acceptance, advance, target_hidden=None
+        self,
+        state: LMDrafterState,
+        acceptance: Acceptance,
+        advance,
+        *,
+        target=None,
+        target_hidden=None,
     ) -> LMDrafterState:
-        del target_hidden
+        del target, target_hidden
         return LMDrafterState(cache=commit_path(state.cache, acceptance.path, advance))

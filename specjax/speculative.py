@@ -36,7 +36,7 @@ from specjax.decode import (
 )
 from specjax.drafting import RootContext
 from specjax.sampling import apply_sampling
-from specjax.tree import static_ancestor_mask
+from specjax.tree import ancestor_mask
 
 
 @flax.struct.dataclass
@@ -81,16 +81,27 @@ def _speculative(
     target = nnx.merge(target_def, target_params)
     drafter = nnx.merge(drafter_def, drafter_params)
     tree_cfg = config.tree
-    rule = config.resolved_rule(sampling)
+    rule = config.resolved_rule(sampling, drafter.samples_children)
     verify = rules.RULES[rule]
+    # Feature drafters read the target's last hidden state (prompt and every verified node).
+    feature_layers = (target.config.n_layers,) if drafter.uses_target_features else ()
     b, t = ids.shape
     n, p = tree_cfg.num_nodes, tree_cfg.max_depth + 1
     cache_len = t + max_new_tokens + n + 1
 
     cache = init_cache(target.config, b, cache_len)
-    logits, cache, _ = prefill(target, ids, prompt_lens, cache, config.attn_impl)
+    logits, cache, hidden = prefill(
+        target, ids, prompt_lens, cache, config.attn_impl, return_hidden=feature_layers
+    )
     first = choose_tokens(logits, keys, 0, sampling)
-    drafter_state = drafter.init_state(target, ids, prompt_lens, cache_len, config=config)
+    drafter_state = drafter.init_state(
+        target,
+        ids,
+        prompt_lens,
+        cache_len,
+        config=config,
+        target_hidden=hidden[feature_layers[0]] if feature_layers else None,
+    )
     prev = jnp.take_along_axis(ids, (prompt_lens - 1)[:, None], axis=1)[:, 0]
     state = _SpecState(
         tokens=jnp.zeros((b, max_new_tokens + p), jnp.int32).at[:, 0].set(first),
@@ -103,7 +114,6 @@ def _speculative(
         target_calls=jnp.zeros((b,), jnp.int32),
         accepted_hist=jnp.zeros((b, p), jnp.int32),
     )
-    anc = jnp.broadcast_to(static_ancestor_mask(tree_cfg.parents()), (b, n, n))
 
     def cond(s: _SpecState):
         return ~jnp.all(s.done)
@@ -121,7 +131,9 @@ def _speculative(
             tree.tokens,
             positions=lengths[:, None] + tree.depth,
             cache=s.cache,
-            tree_mask=anc,
+            # Computed from the tree itself: feature drafters choose the topology every step.
+            tree_mask=ancestor_mask(tree.parents),
+            return_hidden=feature_layers,
             attn_impl=config.attn_impl,
         )
         target_p = out.logits if rule == "greedy" else apply_sampling(out.logits, sampling)
@@ -144,7 +156,13 @@ def _speculative(
 
         advance = jnp.where(live, n_emit, 0)
         cache = commit_path(out.cache, acc.path, advance)
-        drafter_state = drafter.commit(drafter_state, acc, advance)
+        drafter_state = drafter.commit(
+            drafter_state,
+            acc,
+            advance,
+            target=target,
+            target_hidden=out.hidden[feature_layers[0]] if feature_layers else None,
+        )
         last_accepted = jnp.take_along_axis(
             tree.tokens, jnp.take_along_axis(acc.path, acc.n_accepted[:, None], axis=1), axis=1
         )[:, 0]
@@ -171,6 +189,8 @@ def _speculative(
         "accepted_hist": final.accepted_hist,
         "tau": (accepted_total + final.target_calls) / steps,
     }
+    if hasattr(drafter, "stats"):
+        stats.update(drafter.stats(final.drafter_state))
     tokens = final.tokens[:, :max_new_tokens]
     tokens = jnp.where(jnp.arange(max_new_tokens)[None, :] < final.n_generated[:, None], tokens, 0)
     return GenerateOutput(tokens=tokens, lengths=final.n_generated, stats=stats)
@@ -208,6 +228,7 @@ def speculative_generate(
     if not isinstance(config, SpecConfig):
         raise ValueError(f"config must be a SpecConfig, got {type(config).__name__}")
     drafter.check_compatible(target)
+    config.resolved_rule(sampling, drafter.samples_children)  # raises for an impossible pair
     cfg = target.config
     ids, lens = prepare_prompts(prompts, cfg, max_new_tokens, extra_slots=config.tree.num_nodes + 1)
     keys = prepare_keys(key, ids.shape[0])

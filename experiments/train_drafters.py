@@ -1,0 +1,78 @@
+"""Reproduce the shipped drafters in checkpoints/: distill each target's answers, train the
+hidden-state (mdc) and EAGLE-style drafters on the same data with the same budget, save them with
+a training card that states the measured tau.
+
+    python experiments/train_drafters.py                          # all four
+    python experiments/train_drafters.py --only smollm2-mdc       # one of them
+    python experiments/train_drafters.py --only stories260K-eagle --steps 100   # a quick try
+
+Distillation data is cached under experiments/cache/distill/<target>/ (resumable, shared by the
+two kinds of a target).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+
+from specjax.paths import SMOLLM2, STORIES260K, shared_path
+from specjax.train.data import DistillConfig
+from specjax.train.pipeline import DrafterRecipe, train_drafter
+from specjax.train.trainer import TrainConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+CACHE = ROOT / "experiments" / "cache" / "distill"
+
+STORY_DATA = DistillConfig(kind="story", temperatures=(0.0, 0.8), max_new_tokens=128, batch=64)
+CHAT_DATA = DistillConfig(kind="chat", temperatures=(0.0, 0.7, 1.0), max_new_tokens=256, batch=32)
+# Same data and the same budget for both kinds of a target, so the comparison is fair.
+STORY_TRAIN = TrainConfig(steps=3000, batch=16, levels=4, lr=2e-3, warmup=100)
+CHAT_TRAIN = TrainConfig(steps=1500, batch=8, levels=3, lr=1e-3, warmup=100)
+
+# name -> (target checkpoint under the shared folder, recipe)
+RECIPES = {
+    f"stories260K-{kind}": (
+        STORIES260K,
+        DrafterRecipe(
+            kind=kind, data_kind="story", distill=STORY_DATA, train=STORY_TRAIN, draft_vocab=512
+        ),
+    )
+    for kind in ("mdc", "eagle")
+} | {
+    f"smollm2-{kind}": (
+        SMOLLM2,
+        DrafterRecipe(
+            kind=kind, data_kind="chat", distill=CHAT_DATA, train=CHAT_TRAIN, draft_vocab=8192
+        ),
+    )
+    for kind in ("mdc", "eagle")
+}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", action="append", choices=sorted(RECIPES), default=None)
+    parser.add_argument("--steps", type=int, default=None, help="override the training steps")
+    parser.add_argument("--out", default=str(ROOT / "checkpoints"))
+    parser.add_argument("--eval-n", type=int, default=10, help="held-out prompts for the card")
+    args = parser.parse_args(argv)
+    for name in args.only or sorted(RECIPES):
+        target, recipe = RECIPES[name]
+        if args.steps:
+            recipe = dataclasses.replace(
+                recipe, train=dataclasses.replace(recipe.train, steps=args.steps)
+            )
+        train_drafter(
+            shared_path(target),
+            recipe,
+            Path(args.out) / name,
+            data_dir=CACHE / Path(target).parent.name,
+            eval_n=args.eval_n,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,375 @@
+"""The feature drafters behind the Drafter protocol: HiddenStateDrafter (mdc) and EagleDrafter.
+
+Axis letters: B batch, N tree nodes, P = depth + 1 path slots, S cache length, W frontier slots,
+M model dim, K kv heads, D head dim (in shapes of the chain: Dp = tree depth), U draft vocab.
+
+Both read the target's last hidden state (the engine passes it from the prefill and from every
+verification) and draft EAGLE-2 style dynamic trees with static shapes (specjax.tree.expand_topk):
+the TreeConfig is read as a budget (TreeConfig.dynamic(nodes, depth, topk), or a static
+config's node count, depth and widest branching) -- N = tree.num_nodes nodes, depth =
+tree.max_depth, and top-k as both the frontier width and the children per frontier node. Children
+are the top-k of the drafter (deterministic), so sampled decoding uses the one-hot tree rule.
+
+The drafter keeps its own one-layer KV cache in step with the target's: after every verification
+`commit` recomputes the accepted path's entries from the *target's* hidden states, so the context
+the drafter attends to is never its own guess.
+
+Draft reuse (HiddenStateDrafter, on by default): the mdc chain h_1..h_depth predicts hidden states
+at positions lengths .. lengths + depth - 1 without consuming any draft token. After the target
+accepts a tokens, the new root sits at old depth a + 1; the chain slots of old depths a + 2 ..
+depth are predictions for exactly the new positions, uncontaminated by the rejected token, so the
+next tree injects the corrected token into them instead of recomputing them: only the missing
+deeper slots are computed (continuing the recurrence from the last reused state). A step where
+every row can reuse a slot skips that layer call (lax.cond); stats count, per row, the draft nodes
+whose distribution came from a reused hidden state and the chain layer calls made.
+"""
+
+from __future__ import annotations
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from specjax.cache import KVCache, init_cache
+from specjax.config import SamplingConfig, SpecConfig, TreeConfig
+from specjax.drafting import RootContext
+from specjax.models.drafter import DrafterNet, TargetParts, shift_right
+from specjax.models.layers import decoder_layer, rope_angles
+from specjax.sampling import apply_sampling
+from specjax.tree import Acceptance, DraftTree, causal_mask, expand_topk
+
+
+class TargetHead(nnx.Variable):
+    """The target's LM head restricted to the draft vocabulary [M, U]: a cached slice of the
+    target's weights, rebuilt from the target at load time (never saved with the drafter)."""
+
+
+@flax.struct.dataclass
+class FeatureDrafterState:
+    """cache: the drafter's one-layer KV cache [1, B, S, K, D], lengths = the target's.
+    last_feature [B, M]: the target's last hidden state at position lengths - 1.
+    tree_tokens [B, N]: the last proposed tree (commit reads the accepted tokens from it).
+    chain_h [B, Dp, M], chain_k / chain_v [B, Dp, K, D]: the mdc chain, slot d at position
+    lengths + d (empty for eagle); chain_valid [B, Dp]: slots reusable by the next proposal.
+    drafted / reused / chain_calls [B]: statistics (draft nodes proposed, nodes drafted from a
+    reused hidden state, chain layer calls made)."""
+
+    cache: KVCache
+    last_feature: jax.Array
+    tree_tokens: jax.Array
+    chain_h: jax.Array
+    chain_k: jax.Array
+    chain_v: jax.Array
+    chain_valid: jax.Array
+    drafted: jax.Array
+    reused: jax.Array
+    chain_calls: jax.Array
+
+
+def tree_budget(tree: TreeConfig) -> tuple[int, int, int]:
+    """(num_nodes, depth, top-k) of the dynamic tree a feature drafter builds for `tree`."""
+    return tree.num_nodes, tree.max_depth, tree.topk
+
+
+class FeatureDrafter(nnx.Module):
+    """Shared machinery of the two feature drafters (see the module docstring)."""
+
+    uses_target_features = True  # the engine passes the target's last hidden states
+    samples_children = False  # children are top-k: sampled decoding uses the one-hot tree rule
+
+    def __init__(self, net: DrafterNet, target):
+        self.net = net
+        self.check_compatible(target)
+        w = target.embed[...].T if target.config.tie_embeddings else target.lm_head[...]
+        self.head_u = TargetHead(jnp.take(w, net.draft_vocab[...], axis=1))
+
+    @property
+    def kind(self) -> str:
+        return self.net.config.kind
+
+    def check_compatible(self, target) -> None:
+        """Raise ValueError if this drafter was not built for `target`'s shapes."""
+        mine, theirs = self.net.config.target, target.config
+        fields = ("vocab_size", "d_model", "n_heads", "n_kv_heads", "head_dim", "ffn_dim")
+        diff = [f for f in fields if getattr(mine, f) != getattr(theirs, f)]
+        if diff:
+            detail = ", ".join(f"{f} {getattr(mine, f)} vs {getattr(theirs, f)}" for f in diff)
+            raise ValueError(
+                f"this {self.kind} drafter was trained for another target ({detail}; drafter vs "
+                "target): load the drafter trained for this target"
+            )
+
+    def _parts(self, target) -> TargetParts:
+        return TargetParts(
+            embed=target.embed[...], final_norm=target.final_norm[...], head_u=self.head_u[...]
+        )
+
+    def _block(self, x, positions, cache: KVCache, mask, attn_impl) -> tuple[jax.Array, KVCache]:
+        """Run the drafter layer on a block x [B, T, M] written into its cache at cache.lengths
+        (prefill and commits: the same contract as the target's layers)."""
+        cfg = self.net.config.layer
+        p = {n: w[0] for n, w in self.net.layers.arrays().items()}
+        cos, sin = rope_angles(positions, cfg.head_dim, cfg.rope_theta)
+        out, k, v = decoder_layer(
+            p, x, cos, sin, cache.k[0], cache.v[0], cache.lengths, mask, cfg, attn_impl
+        )
+        return out, cache.replace(k=k[None], v=v[None])
+
+    def _draft_logp(self, logits: jax.Array, sampling: SamplingConfig) -> jax.Array:
+        """Scores for tree expansion: log q over the draft vocabulary, q after the sampling
+        transform when sampling (greedy trees rank by the untempered distribution)."""
+        if sampling.greedy:
+            return jax.nn.log_softmax(logits, axis=-1)
+        return jnp.log(apply_sampling(logits, sampling))
+
+    # -- Drafter protocol ----------------------------------------------------------------------
+
+    def init_state(
+        self, target, prompt_ids, prompt_lens, cache_len, *, config: SpecConfig, target_hidden
+    ) -> FeatureDrafterState:
+        """target_hidden [B, T, M]: the target's last hidden state at every prompt position."""
+        b, t = prompt_ids.shape
+        parts = self._parts(target)
+        x = self.net.fuse(shift_right(target_hidden, 1), jnp.take(parts.embed, prompt_ids, 0))
+        positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+        cache = init_cache(self.net.config.layer, b, cache_len, dtype=jnp.float32)
+        _, cache = self._block(x, positions, cache, causal_mask(b, t), config.attn_impl)
+        last = jnp.take_along_axis(target_hidden, (prompt_lens - 1)[:, None, None], axis=1)[:, 0]
+        n_nodes, depth, _ = tree_budget(config.tree)
+        slots = depth if self.kind == "mdc" else 0
+        cfg = self.net.config.target
+        zeros_b = jnp.zeros((b,), jnp.int32)
+        return FeatureDrafterState(
+            cache=cache.replace(lengths=prompt_lens),
+            last_feature=last.astype(jnp.float32),
+            tree_tokens=jnp.zeros((b, n_nodes), jnp.int32),
+            chain_h=jnp.zeros((b, slots, cfg.d_model), jnp.float32),
+            chain_k=jnp.zeros((b, slots, cfg.n_kv_heads, cfg.head_dim), jnp.float32),
+            chain_v=jnp.zeros((b, slots, cfg.n_kv_heads, cfg.head_dim), jnp.float32),
+            chain_valid=jnp.zeros((b, slots), bool),
+            drafted=zeros_b,
+            reused=zeros_b,
+            chain_calls=zeros_b,
+        )
+
+    def propose(
+        self,
+        state: FeatureDrafterState,
+        target,
+        ctx: RootContext,
+        keys,
+        *,
+        config: SpecConfig,
+        sampling: SamplingConfig,
+    ) -> tuple[DraftTree, FeatureDrafterState]:
+        del keys  # top-k trees are deterministic
+        parts = self._parts(target)
+        n_nodes, depth, topk = tree_budget(config.tree)
+        root_emb = jnp.take(parts.embed, ctx.root, axis=0)  # [B, M]
+        state, step, root_state, reused_slots = self._expansion(
+            state, parts, ctx, root_emb, depth, sampling
+        )
+        b = ctx.root.shape[0]
+        # expand_topk works in draft-vocabulary ids; the root is not one (index 0 stands for it
+        # and the step functions read the root's embedding from depth == 0).
+        tree, _ = expand_topk(
+            step,
+            root_state,
+            jnp.zeros((b,), jnp.int32),
+            depth=depth,
+            width=topk,
+            topk=topk,
+            num_nodes=n_nodes,
+        )
+        node = jnp.arange(n_nodes)[None, :]
+        tokens = jnp.where(node == 0, ctx.root[:, None], self.net.draft_vocab[...][tree.tokens])
+        tree = tree.replace(tokens=tokens.astype(jnp.int32))
+        drafted = tree.valid & (node > 0)
+        # A node at depth d + 1 was drafted from chain slot d.
+        slot_reused = jnp.pad(reused_slots, ((0, 0), (0, depth - reused_slots.shape[1])))
+        from_reuse = drafted & jnp.take_along_axis(
+            slot_reused, jnp.clip(tree.depth - 1, 0, depth - 1), axis=1
+        )
+        state = state.replace(
+            tree_tokens=tree.tokens,
+            drafted=state.drafted + jnp.sum(drafted, axis=1),
+            reused=state.reused + jnp.sum(from_reuse, axis=1),
+        )
+        return tree, state
+
+    def commit(
+        self, state: FeatureDrafterState, acceptance: Acceptance, advance, *, target, target_hidden
+    ) -> FeatureDrafterState:
+        """Recompute the accepted path's cache entries from the target's hidden states
+        target_hidden [B, N, M] (the verification pass), advance lengths by `advance` [B]."""
+        path, n_acc = acceptance.path, acceptance.n_accepted
+        b, p = path.shape
+        live = advance > 0
+        tokens = jnp.take_along_axis(state.tree_tokens, path, axis=1)  # [B, P], slot 0 = root
+        feats = jnp.take_along_axis(target_hidden, path[:, :, None], axis=1)  # [B, P, M]
+        prev = jnp.concatenate([state.last_feature[:, None], feats[:, :-1]], axis=1)
+        x = self.net.fuse(prev, jnp.take(target.embed[...], tokens, axis=0))
+        positions = state.cache.lengths[:, None] + jnp.arange(p, dtype=jnp.int32)[None, :]
+        _, cache = self._block(x, positions, state.cache, causal_mask(b, p), "reference")
+        last = jnp.take_along_axis(feats, n_acc[:, None, None], axis=1)[:, 0]
+        state = state.replace(
+            cache=cache.replace(lengths=cache.lengths + advance),
+            last_feature=jnp.where(live[:, None], last.astype(jnp.float32), state.last_feature),
+        )
+        return self._shift_chain(state, n_acc + 1, live)
+
+    def stats(self, state: FeatureDrafterState) -> dict:
+        return {
+            "drafted": state.drafted,
+            "reused": state.reused,
+            "chain_calls": state.chain_calls,
+        }
+
+    # -- kind-specific hooks -------------------------------------------------------------------
+
+    def _expansion(self, state, parts, ctx, root_emb, depth, sampling):
+        raise NotImplementedError
+
+    def _shift_chain(self, state, shift, live):
+        return state
+
+
+class EagleDrafter(FeatureDrafter):
+    """EAGLE-style feature drafter: every tree node is one layer call on
+    fc([parent's predicted feature; embedding of the node's token]), attending to the committed
+    cache and to the node's ancestors (each frontier slot carries its ancestors' keys/values)."""
+
+    def _expansion(self, state, parts, ctx, root_emb, depth, sampling):
+        net, cache = self.net, state.cache
+        cfg = net.config.target
+        b = ctx.root.shape[0]
+        s = cache.max_len
+        vocab = net.draft_vocab[...]
+
+        def step(st, tokens):  # leaves [B, W, ...], tokens [B, W] (draft ids)
+            d = st["depth"]  # [B, W]: every frontier slot of a level has the same depth
+            emb = jnp.where(
+                (d == 0)[..., None], root_emb[:, None], jnp.take(parts.embed, vocab[tokens], 0)
+            )
+            x = net.fuse(st["feat"], emb)
+            pos = cache.lengths[:, None] + d
+            ctx_mask = jnp.broadcast_to(
+                jnp.arange(s)[None, None, :] < cache.lengths[:, None, None], d.shape + (s,)
+            )
+            ext_mask = jnp.arange(depth)[None, None, :] < d[..., None]
+            out, k, v = net.step(
+                x, pos, cache.k[0], cache.v[0], ctx_mask, st["hk"], st["hv"], ext_mask
+            )
+            logp = self._draft_logp(net.logits(parts, out, emb), sampling)
+            here = (jnp.arange(depth)[None, None, :] == d[..., None])[..., None, None]
+            child = {
+                "feat": out,
+                "hk": jnp.where(here, k[:, :, None], st["hk"]),
+                "hv": jnp.where(here, v[:, :, None], st["hv"]),
+                "depth": d + 1,
+            }
+            return logp, child
+
+        kv = jnp.zeros((b, depth, cfg.n_kv_heads, cfg.head_dim), jnp.float32)
+        root_state = {
+            "feat": state.last_feature,
+            "hk": kv,
+            "hv": kv,
+            "depth": jnp.zeros((b,), jnp.int32),
+        }
+        calls = state.chain_calls + depth  # one (frontier-wide) layer call per level
+        return state.replace(chain_calls=calls), step, root_state, jnp.zeros((b, 0), bool)
+
+
+class HiddenStateDrafter(FeatureDrafter):
+    """Hidden-state drafter (Make Every Draft Count): a chain of predicted hidden states, one layer
+    call per depth (never consuming a draft token), token information injected at the readout,
+    and reuse of the chain after a rejection. reuse=False recomputes the whole chain every step
+    (the ablation)."""
+
+    def __init__(self, net: DrafterNet, target, *, reuse: bool = True):
+        super().__init__(net, target)
+        self.reuse = reuse
+
+    def _chain(self, state, parts, ctx, root_emb, depth):
+        """Complete the chain: slot d = h_{d+1} at position lengths + d, reusing valid slots.
+        Returns (state with the new chain, reused_slots [B, Dp] bool)."""
+        net, cache = self.net, state.cache
+        s = cache.max_len
+        ctx_mask = (jnp.arange(s)[None, :] < cache.lengths[:, None])[:, None, :]  # [B, 1, S]
+        h, k_hist, v_hist = state.chain_h, state.chain_k, state.chain_v
+        reusable = state.chain_valid if self.reuse else jnp.zeros_like(state.chain_valid)
+        calls = state.chain_calls
+        for d in range(depth):
+            # The first slot starts from the target's own last hidden state and the root token;
+            # deeper slots continue the recurrence on the previous predicted hidden state.
+            if d == 0:
+                x = net.fuse(state.last_feature, root_emb)
+            else:
+                x = net.fuse(h[:, d - 1], None)
+
+            def compute(x=x, d=d, h=h, k_hist=k_hist, v_hist=v_hist):
+                out, k, v = net.step(
+                    x[:, None],
+                    (cache.lengths + d)[:, None],
+                    cache.k[0],
+                    cache.v[0],
+                    ctx_mask,
+                    k_hist[:, None],
+                    v_hist[:, None],
+                    jnp.broadcast_to(jnp.arange(depth) < d, (x.shape[0], 1, depth)),
+                )
+                return out[:, 0], k[:, 0], v[:, 0]
+
+            def keep(h=h, k_hist=k_hist, v_hist=v_hist, d=d):
+                return h[:, d], k_hist[:, d], v_hist[:, d]
+
+            new_h, new_k, new_v = jax.lax.cond(jnp.all(reusable[:, d]), keep, compute)
+            r = reusable[:, d]
+            h = h.at[:, d].set(jnp.where(r[:, None], h[:, d], new_h))
+            k_hist = k_hist.at[:, d].set(jnp.where(r[:, None, None], k_hist[:, d], new_k))
+            v_hist = v_hist.at[:, d].set(jnp.where(r[:, None, None], v_hist[:, d], new_v))
+            calls = calls + (~r).astype(jnp.int32)
+        state = state.replace(
+            chain_h=h,
+            chain_k=k_hist,
+            chain_v=v_hist,
+            chain_valid=jnp.ones_like(state.chain_valid),
+            chain_calls=calls,
+        )
+        return state, reusable
+
+    def _expansion(self, state, parts, ctx, root_emb, depth, sampling):
+        state, reused_slots = self._chain(state, parts, ctx, root_emb, depth)
+        net, h = self.net, state.chain_h
+        vocab = net.draft_vocab[...]
+
+        def step(st, tokens):  # the children of a depth-d node read chain slot d
+            d = st["depth"]  # [B, W]
+            hd = jnp.take_along_axis(h, d[..., None], axis=1)  # [B, W, M]
+            parent = jnp.where(
+                (d == 0)[..., None], root_emb[:, None], jnp.take(parts.embed, vocab[tokens], 0)
+            )
+            logp = self._draft_logp(net.logits(parts, hd, parent), sampling)
+            return logp, {"depth": d + 1}
+
+        root_state = {"depth": jnp.zeros((ctx.root.shape[0],), jnp.int32)}
+        return state, step, root_state, reused_slots
+
+    def _shift_chain(self, state, shift, live):
+        """After accepting shift - 1 tokens, old slot d + shift is new slot d (same position)."""
+        dp = state.chain_h.shape[1]
+        src = jnp.arange(dp)[None, :] + shift[:, None]  # [B, Dp]
+        ok = (src < dp) & live[:, None]
+        idx = jnp.minimum(src, dp - 1)
+
+        def take(x):
+            return jnp.take_along_axis(x, idx.reshape(idx.shape + (1,) * (x.ndim - 2)), axis=1)
+
+        return state.replace(
+            chain_h=jnp.where(live[:, None, None], take(state.chain_h), state.chain_h),
+            chain_k=jnp.where(live[:, None, None, None], take(state.chain_k), state.chain_k),
+            chain_v=jnp.where(live[:, None, None, None], take(state.chain_v), state.chain_v),
+            chain_valid=jnp.where(live[:, None], ok, state.chain_valid),
+        )

@@ -1,0 +1,278 @@
+"""Feature drafters: the hidden-state drafter (Make Every Draft Count, "mdc") and an EAGLE-style
+drafter ("eagle"), as one network with two readouts.
+
+Axis letters: B batch, T tokens, S cache length, W frontier slots, E extra (per-query) keys,
+H query heads, K kv heads, D head dim, M model dim, V target vocab, U draft vocab.
+
+Both drafters read the target's last hidden state f_j (the residual stream after the last layer,
+before the final norm: what the target "knows" after token x_j) and run ONE decoder layer with the
+target's shapes over their own KV cache. Position j of that cache holds the fused input
+
+    u_j = fc([norm(f_{j-1}); norm(embed(x_j))])          (f_{-1} = 0)
+
+whose layer output o_j predicts f_j; the target's final norm and LM head (restricted to the draft
+vocabulary) turn a prediction into logits. The two kinds differ only in what they feed beyond the
+committed tokens:
+
+- eagle: the next input is fc([o_j; embed(x_{j+1})]) for a *drafted* x_{j+1}, so the recurrence
+  consumes draft tokens and every tree node needs its own layer call. Logits: head(o_j).
+- mdc (hidden-state autoregression): the recurrence never consumes draft tokens. The next input is
+  fc([o_j; null]) with a learned null vector in place of the token embedding, so the chain of
+  predicted hidden states h_1..h_depth is one layer call per depth whatever the tree holds, and
+  token information is injected afterwards, at the readout:
+
+      logits(node at depth d with parent token y) = head(inject h_d + norm(info_proj embed(y)))
+
+  (public notes on the paper: LMHead(W h + normalised token-information embedding of the parent
+  token)). The paper is silent on the token-information embedding; we project the target's own
+  embedding (info_proj, M x M, zero-initialised norm scale 0.1) rather than learn a V x M table,
+  which keeps the drafter's own weights small enough to ship.
+
+Where the paper is silent we also chose: the decoder layer is initialised from the target's last
+layer (a good prior for mapping residual-stream vectors to residual-stream vectors); the draft
+vocabulary is the U most frequent tokens of the training answers (the compressed draft vocabulary),
+so both the LM-head cost of drafting and of training scale with U, not V.
+
+This module holds the weights and the pure math (fused inputs, one layer step with extra
+per-query keys, readouts, the unrolled training forward). The Drafter protocol (trees, reuse,
+commits) lives in specjax.feature_drafter.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from specjax.config import ModelConfig
+from specjax.models.layers import apply_rope, rms_norm, rope_angles, swiglu
+from specjax.models.target import LAYER_WEIGHTS, Layers
+
+KINDS = ("mdc", "eagle")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DrafterConfig:
+    """kind: "mdc" | "eagle"; target: the target's ModelConfig (the drafter layer copies its
+    shapes and RoPE); draft_vocab_size: U, the number of target tokens the drafter can propose."""
+
+    kind: str
+    target: ModelConfig
+    draft_vocab_size: int
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"unknown drafter kind {self.kind!r}; choose from {KINDS}")
+        if not 1 <= self.draft_vocab_size <= self.target.vocab_size:
+            raise ValueError(
+                f"draft_vocab_size must be in [1, {self.target.vocab_size}], "
+                f"got {self.draft_vocab_size}"
+            )
+
+    @property
+    def layer(self) -> ModelConfig:
+        """The drafter's decoder layer: one layer of the target's shape."""
+        return dataclasses.replace(self.target, n_layers=1)
+
+
+@flax.struct.dataclass
+class TargetParts:
+    """The frozen target weights a drafter reads (never trained, never saved with the drafter).
+
+    embed [V, M]; final_norm [M]; head_u [M, U] the LM head restricted to the draft vocabulary.
+    """
+
+    embed: jax.Array
+    final_norm: jax.Array
+    head_u: jax.Array
+
+
+def target_parts(target, draft_vocab: jax.Array) -> TargetParts:
+    """TargetParts of a specjax Llama for a draft vocabulary draft_vocab [U] (target ids)."""
+    embed = target.embed[...]
+    w = embed.T if target.config.tie_embeddings else target.lm_head[...]
+    return TargetParts(
+        embed=embed, final_norm=target.final_norm[...], head_u=jnp.take(w, draft_vocab, axis=1)
+    )
+
+
+class DraftVocab(nnx.Variable):
+    """Target ids of the draft vocabulary [U] (saved with the drafter, not trained)."""
+
+
+class DrafterNet(nnx.Module):
+    """The drafter's own weights: input norms, the fusion fc [2M, M], one decoder layer (weights
+    stacked with a leading axis of 1, like the target's), and for mdc the null input vector, the
+    injection matrix and the token-information projection."""
+
+    def __init__(self, cfg: DrafterConfig, draft_vocab, *, rngs: nnx.Rngs, target=None):
+        m = cfg.target.d_model
+        self.config = cfg
+        self.draft_vocab = DraftVocab(jnp.asarray(draft_vocab, jnp.int32))
+        self.feat_norm = nnx.Param(jnp.ones((m,), jnp.float32))
+        self.tok_norm = nnx.Param(jnp.ones((m,), jnp.float32))
+        # fc starts as f + e (identity on both halves) plus noise, so the layer first sees inputs
+        # of the kind the target's own layers see.
+        eye = jnp.concatenate([jnp.eye(m), jnp.eye(m)], axis=0)
+        noise = 0.02 * jax.random.normal(rngs.params(), (2 * m, m)) / jnp.sqrt(m)
+        self.fc = nnx.Param((0.5 * eye + noise).astype(jnp.float32))
+        self.layers = Layers(cfg.layer, rngs=rngs)
+        if target is not None:  # start from the target's last layer
+            last = target.config.n_layers - 1
+            for name in LAYER_WEIGHTS:
+                if hasattr(self.layers, name):
+                    src = getattr(target.layers, name)[...][last : last + 1]
+                    getattr(self.layers, name).set_value(src.astype(jnp.float32))
+        if cfg.kind == "mdc":
+            self.null_token = nnx.Param(0.02 * jax.random.normal(rngs.params(), (m,)))
+            self.inject = nnx.Param(jnp.eye(m, dtype=jnp.float32))
+            self.info_proj = nnx.Param(
+                jax.random.normal(rngs.params(), (m, m), jnp.float32) / jnp.sqrt(m)
+            )
+            self.info_norm = nnx.Param(jnp.full((m,), 0.1, jnp.float32))
+
+    # -- inputs and readouts -------------------------------------------------------------------
+
+    def fuse(self, feat: jax.Array, tok_emb: jax.Array | None) -> jax.Array:
+        """u = fc([norm(feat); norm(tok_emb)]): feat [..., M], tok_emb [..., M] or None for the
+        mdc chain's null input. Returns [..., M] float32."""
+        eps = self.config.target.norm_eps
+        f = rms_norm(feat.astype(jnp.float32), self.feat_norm[...], eps)
+        if tok_emb is None:
+            e = jnp.broadcast_to(self.null_token[...], f.shape)
+        else:
+            e = rms_norm(tok_emb.astype(jnp.float32), self.tok_norm[...], eps)
+        return jnp.concatenate([f, e], axis=-1) @ self.fc[...]
+
+    def logits(self, parts: TargetParts, out: jax.Array, parent_emb: jax.Array) -> jax.Array:
+        """Draft logits [..., U] from a layer output (a predicted hidden state) out [..., M] and
+        the embedding of the token it extends parent_emb [..., M] (used by mdc only: eagle's
+        outputs already consumed that token)."""
+        eps = self.config.target.norm_eps
+        x = out
+        if self.config.kind == "mdc":
+            info = rms_norm(
+                parent_emb.astype(jnp.float32) @ self.info_proj[...], self.info_norm[...], eps
+            )
+            x = out @ self.inject[...] + info
+        return (rms_norm(x, parts.final_norm, eps) @ parts.head_u).astype(jnp.float32)
+
+    # -- the decoder layer ---------------------------------------------------------------------
+
+    def _layer(self) -> dict:
+        return {n: w[0] for n, w in self.layers.arrays().items()}
+
+    def qkv(self, x: jax.Array, positions: jax.Array):
+        """x [B, T, M], positions [B, T] -> q [B, T, H, D], k, v [B, T, K, D] (RoPE applied)."""
+        cfg = self.config.target
+        p = self._layer()
+        b, t, _ = x.shape
+        h = rms_norm(x, p["attn_norm"], cfg.norm_eps)
+        q, k, v = h @ p["wq"], h @ p["wk"], h @ p["wv"]
+        if cfg.qkv_bias:
+            q, k, v = q + p["bq"], k + p["bk"], v + p["bv"]
+        cos, sin = rope_angles(positions, cfg.head_dim, cfg.rope_theta)
+        q = apply_rope(q.reshape(b, t, cfg.n_heads, cfg.head_dim), cos, sin, cfg.rope_layout)
+        k = apply_rope(k.reshape(b, t, cfg.n_kv_heads, cfg.head_dim), cos, sin, cfg.rope_layout)
+        return q, k, v.reshape(b, t, cfg.n_kv_heads, cfg.head_dim)
+
+    def finish(self, x: jax.Array, attn: jax.Array) -> jax.Array:
+        """Residual + output projection + SwiGLU: x [B, T, M], attn [B, T, H, D] -> [B, T, M]."""
+        cfg = self.config.target
+        p = self._layer()
+        b, t = x.shape[:2]
+        x = x + attn.reshape(b, t, -1) @ p["wo"]
+        return x + swiglu(p, rms_norm(x, p["mlp_norm"], cfg.norm_eps))
+
+    def step(self, x, positions, ctx_k, ctx_v, ctx_mask, ext_k, ext_v, ext_mask):
+        """One layer call whose queries see context keys and per-query extra keys.
+
+        x [B, T, M] inputs at positions [B, T]; ctx_k/ctx_v [B, S, K, D] with ctx_mask [B, T, S]
+        (e.g. the committed cache, s < lengths); ext_k/ext_v [B, T, E, K, D] with ext_mask
+        [B, T, E]: keys only query t sees (its ancestors in a draft tree), to which the query's
+        own key is appended. Returns (out [B, T, M], k [B, T, K, D], v [B, T, K, D]): the new keys
+        and values of the queries, for the caller to keep.
+        """
+        q, k, v = self.qkv(x, positions)
+        ext_k = jnp.concatenate([ext_k, k[:, :, None]], axis=2)
+        ext_v = jnp.concatenate([ext_v, v[:, :, None]], axis=2)
+        ext_mask = jnp.concatenate([ext_mask, jnp.ones(ext_mask.shape[:2] + (1,), bool)], axis=2)
+        attn = attend_context_and_extra(q, ctx_k, ctx_v, ctx_mask, ext_k, ext_v, ext_mask)
+        return self.finish(x, attn), k, v
+
+
+def attend_context_and_extra(q, ctx_k, ctx_v, ctx_mask, ext_k, ext_v, ext_mask):
+    """Softmax attention over shared context keys plus per-query extra keys (GQA, float32).
+
+    q [B, T, H, D]; ctx_k/ctx_v [B, S, K, D], ctx_mask [B, T, S]; ext_k/ext_v [B, T, E, K, D],
+    ext_mask [B, T, E] (every query must see at least one key). Returns [B, T, H, D].
+    """
+    b, t, h, d = q.shape
+    kh = ctx_k.shape[2]
+    q5 = q.reshape(b, t, kh, h // kh, d).astype(jnp.float32) / jnp.sqrt(jnp.float32(d))
+    s_ctx = jnp.einsum("BTKGD,BSKD->BTKGS", q5, ctx_k.astype(jnp.float32))
+    s_ext = jnp.einsum("BTKGD,BTEKD->BTKGE", q5, ext_k.astype(jnp.float32))
+    s_ctx = jnp.where(ctx_mask[:, :, None, None, :], s_ctx, -jnp.inf)
+    s_ext = jnp.where(ext_mask[:, :, None, None, :], s_ext, -jnp.inf)
+    w = jax.nn.softmax(jnp.concatenate([s_ctx, s_ext], axis=-1), axis=-1)
+    s = ctx_k.shape[1]
+    out = jnp.einsum("BTKGS,BSKD->BTKGD", w[..., :s], ctx_v.astype(jnp.float32))
+    out = out + jnp.einsum("BTKGE,BTEKD->BTKGD", w[..., s:], ext_v.astype(jnp.float32))
+    return out.reshape(b, t, h, d)
+
+
+def shift_right(x: jax.Array, n: int) -> jax.Array:
+    """x [B, T, ...] shifted n steps later along T (zeros enter at the front)."""
+    if n == 0:
+        return x
+    pad = [(0, 0), (n, 0)] + [(0, 0)] * (x.ndim - 2)
+    return jnp.pad(x, pad)[:, : x.shape[1]]
+
+
+def unrolled_outputs(
+    net: DrafterNet, parts: TargetParts, tokens: jax.Array, feats: jax.Array, levels: int
+) -> list[jax.Array]:
+    """Teacher-forced drafting, unrolled `levels` draft steps on the drafter's own predictions.
+
+    tokens [B, T] and feats [B, T, M] (f_j, the target's last hidden state after x_j) of whole
+    sequences from position 0. Returns outs[k] [B, T, M] for k = 0..levels-1: outs[k][:, j] is
+    the drafter's prediction of f_j when the last k inputs before j were its own predictions, the
+    exact situation of a depth-(k+1) tree node whose root sits at j - k:
+
+    - level 0 is the committed context: input fc([f_{j-1}; e(x_j)]), causal attention;
+    - level k sees the true context at positions <= j - k (level-0 keys) and its own chain at
+      positions j - k + i, i = 1..k (level-i keys), with input fc([outs[k-1][j-1]; e(x_j)])
+      (eagle) or fc([outs[k-1][j-1]; null]) (mdc).
+
+    Queries with j < k have no valid root and must be masked out of the loss by the caller.
+    """
+    b, t = tokens.shape
+    emb = jnp.take(parts.embed, tokens, axis=0)
+    positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    key_pos = jnp.arange(t)[None, None, :]
+    query_pos = jnp.arange(t)[None, :, None]
+    empty = jnp.zeros((b, t, 0) + (net.config.target.n_kv_heads, net.config.target.head_dim))
+    no_ext = jnp.zeros((b, t, 0), bool)
+
+    x0 = net.fuse(shift_right(feats, 1), emb)
+    q0, k0, v0 = net.qkv(x0, positions)
+    causal = jnp.broadcast_to(key_pos <= query_pos, (b, t, t))
+    out0 = net.finish(x0, attend_context_and_extra(q0, k0, v0, causal, empty, empty, no_ext))
+    outs, chain_k, chain_v = [out0], [], []
+    for lvl in range(1, levels):
+        x = net.fuse(shift_right(outs[-1], 1), emb if net.config.kind == "eagle" else None)
+        ctx_mask = jnp.broadcast_to(key_pos <= query_pos - lvl, (b, t, t))
+        # Chain keys of levels 1..lvl-1 at positions j - (lvl - i): shifted so query j reads them.
+        ext_k = [shift_right(k, lvl - i) for i, k in enumerate(chain_k, 1)]
+        ext_v = [shift_right(v, lvl - i) for i, v in enumerate(chain_v, 1)]
+        ext_k = jnp.stack(ext_k, axis=2) if ext_k else empty
+        ext_v = jnp.stack(ext_v, axis=2) if ext_v else empty
+        ext_mask = jnp.ones((b, t, lvl - 1), bool)
+        out, k, v = net.step(x, positions, k0, v0, ctx_mask, ext_k, ext_v, ext_mask)
+        outs.append(out)
+        chain_k.append(k)
+        chain_v.append(v)
+    return outs

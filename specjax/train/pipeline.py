@@ -1,0 +1,158 @@
+"""From a target checkpoint to a shipped drafter: distill, train, save, measure, write the card.
+
+`train_drafter` is what `specjax train-drafter` and experiments/train_drafters.py run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+from flax import nnx
+
+from specjax.config import SamplingConfig, SpecConfig, TreeConfig
+from specjax.models.drafter import DrafterConfig, DrafterNet, target_parts
+from specjax.train.checkpoint import load_drafter, save_drafter, write_card
+from specjax.train.data import DistillConfig, build_dataset, draft_vocabulary, load_dataset
+from specjax.train.trainer import TrainConfig, train
+
+# The tree every card's tau is measured with: 31 draft nodes, depth 6, top-8 expansion.
+CARD_TREE = TreeConfig.dynamic(31, 6, 8)
+
+
+def eval_prompts(loaded, kind: str, n: int) -> tuple[str, list[list[int]]]:
+    """Held-out prompts: MT-bench first turns (chat) or TinyStories dev prefixes (story)."""
+    from specjax.bench import encode_question, read_spec_bench, select_questions
+    from specjax.benchmark import tinystories_prompts
+
+    if kind == "chat":
+        qs = select_questions(read_spec_bench("mt_bench_question.jsonl"), n)
+        return f"{len(qs)} MT-bench first turns", [
+            encode_question(loaded.tokenizer, q.turns[0]) for q in qs
+        ]
+    return f"{n} TinyStories dev prefixes", tinystories_prompts(loaded.tokenizer, n)
+
+
+def measure_tau(
+    target,
+    drafter,
+    prompts,
+    *,
+    tree: TreeConfig = CARD_TREE,
+    max_new_tokens: int = 128,
+    temperature: float = 0.0,
+    eos_id=None,
+    batch: int = 8,
+) -> dict:
+    """Mean tau (tokens per target call) over prompts, decoded `batch` rows at a time, plus the
+    reuse statistics summed over rows when the drafter reports them."""
+    import specjax
+
+    taus, extra = [], {}
+    for i in range(0, len(prompts), batch):
+        out = specjax.speculative_generate(
+            target,
+            drafter,
+            prompts[i : i + batch],
+            max_new_tokens=max_new_tokens,
+            config=SpecConfig(tree=tree),
+            sampling=SamplingConfig(temperature=temperature),
+            key=jax.random.key(i),
+            eos_id=eos_id,
+        )
+        taus += np.asarray(out.stats["tau"]).tolist()
+        for k in ("drafted", "reused", "chain_calls", "target_calls"):
+            if k in out.stats:
+                extra[k] = extra.get(k, 0) + int(np.sum(out.stats[k]))
+    return {"tau": float(np.mean(taus)), "n": len(taus), **extra}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DrafterRecipe:
+    """Everything that determines a shipped drafter."""
+
+    kind: str  # mdc | eagle
+    data_kind: str  # chat | story
+    distill: DistillConfig
+    train: TrainConfig
+    draft_vocab: int = 8192
+
+
+def train_drafter(
+    target_path: str | Path,
+    recipe: DrafterRecipe,
+    out_dir: str | Path,
+    *,
+    data_dir: str | Path,
+    eval_n: int = 10,
+    log=print,
+) -> Path:
+    """Distill (resumable, shared between kinds through data_dir), train, save to out_dir, measure
+    tau on held-out prompts and write CARD.md. Returns out_dir."""
+    import specjax
+
+    t_start = time.perf_counter()
+    loaded = specjax.load(target_path)
+    target = loaded.model
+    name = Path(target_path).stem
+    log(f"[train-drafter] distilling {name} answers into {data_dir}")
+    build_dataset(loaded, data_dir, recipe.distill, source=str(target_path))
+    data = load_dataset(data_dir)
+    log(
+        f"[train-drafter] {len(data.lengths)} sequences, {data.answer_tokens} answer tokens, "
+        f"width {data.tokens.shape[1]}"
+    )
+    eos = loaded.tokenizer.eos_id if loaded.tokenizer else None
+    vocab = draft_vocabulary(
+        data, recipe.draft_vocab, target.config.vocab_size, () if eos is None else (eos,)
+    )
+    cfg = DrafterConfig(kind=recipe.kind, target=target.config, draft_vocab_size=len(vocab))
+    net = DrafterNet(cfg, vocab, rngs=nnx.Rngs(recipe.train.seed), target=target)
+    summary = train(net, target_parts(target, net.draft_vocab[...]), data, recipe.train, log=log)
+    save_drafter(net, out_dir, target_name=name)
+    log(f"[train-drafter] saved to {out_dir}; measuring tau")
+    drafter = load_drafter(out_dir, target)
+    what, prompts = eval_prompts(loaded, recipe.data_kind, eval_n)
+    greedy = measure_tau(target, drafter, prompts, eos_id=eos)
+    coverage = _coverage(data, vocab)
+    prompt_sets = (
+        "EAGLE alpaca/gsm8k/humaneval/sum first turns"
+        if recipe.data_kind == "chat"
+        else "TinyStories train prefixes"
+    )
+    card = {
+        "target": f"{name} ({target_path})",
+        "kind": recipe.kind,
+        "data": (
+            f"{len(data.lengths)} target-written answers ({data.answer_tokens} tokens) to "
+            f"{prompt_sets} at temperatures {recipe.distill.temperatures}, <= {recipe.distill.max_new_tokens} "
+            "new tokens each"
+        ),
+        "draft vocabulary": f"{len(vocab)} most frequent answer tokens "
+        f"(cover {coverage:.1%} of answer tokens)",
+        "training": (
+            f"{summary['steps']} steps x {recipe.train.batch} sequences, {recipe.train.levels} "
+            f"unrolled levels, lr {recipe.train.lr}, {summary['answer_tokens_seen']} answer "
+            f"tokens seen, {summary['wall_s'] / 60:.1f} min on {jax.default_backend()}"
+        ),
+        "final train metrics": ", ".join(f"{k} {v:.3f}" for k, v in summary["final"].items()),
+        "measured tau": (
+            f"{greedy['tau']:.2f} (greedy, {what}, 128 new tokens, tree of "
+            f"{CARD_TREE.num_nodes - 1} nodes depth {CARD_TREE.max_depth} top-"
+            f"{CARD_TREE.topk})"
+        ),
+        "reproduce": f"python experiments/train_drafters.py --only {Path(out_dir).name}",
+        "total wall time": f"{(time.perf_counter() - t_start) / 60:.1f} min",
+    }
+    write_card(out_dir, card)
+    log(f"[train-drafter] tau {greedy['tau']:.2f}; card written")
+    return Path(out_dir)
+
+
+def _coverage(data, vocab: np.ndarray) -> float:
+    pos = np.arange(data.tokens.shape[1])[None, :]
+    answer = (pos >= data.prompt_lens[:, None]) & (pos < data.lengths[:, None])
+    return float(np.isin(data.tokens[answer], vocab).mean())

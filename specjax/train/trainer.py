@@ -1,0 +1,174 @@
+"""Training a feature drafter by self-distillation: losses, a jitted optax step, the loop.
+
+Axis letters: B batch, T tokens, M model dim, U draft vocab.
+
+Loss (per unrolled level k = 0..levels-1, weighted level_decay ** k, averaged over answer
+positions that have a root at j - k):
+
+    cross-entropy(target distribution over the draft vocabulary, drafter logits)
+    + feature_weight * SmoothL1((predicted hidden - target hidden) / feature_scale)
+
+The target distribution is the target's own softmax restricted to the draft vocabulary (its
+logits on those tokens, renormalised), computed on the fly from the recorded hidden states. The
+unrolled levels feed the drafter its own predictions exactly as drafting does
+(specjax.models.drafter.unrolled_outputs), so training and test conditions match.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from tqdm.auto import tqdm
+
+from specjax.models.drafter import DrafterNet, TargetParts, unrolled_outputs
+from specjax.models.layers import rms_norm
+from specjax.train.data import Dataset
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    """steps x batch sequences; lr peaks after warmup then follows a cosine to lr / 10."""
+
+    steps: int
+    batch: int = 8
+    levels: int = 3
+    level_decay: float = 0.8
+    feature_weight: float = 0.1
+    lr: float = 1e-3
+    warmup: int = 50
+    weight_decay: float = 0.0
+    clip: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.steps < 1 or self.batch < 1 or self.levels < 1:
+            raise ValueError("steps, batch and levels must be >= 1")
+
+
+def smooth_l1(x: jax.Array) -> jax.Array:
+    ax = jnp.abs(x)
+    return jnp.where(ax < 1.0, 0.5 * x * x, ax - 0.5)
+
+
+def drafter_loss(net: DrafterNet, parts: TargetParts, batch: dict, cfg: TrainConfig, scale):
+    """(loss, metrics) for a batch {tokens [B, T], feats [B, T, M], lengths [B],
+    prompt_lens [B]}; metrics: per-level top-1 agreement with the target ("acc{k}")."""
+    tokens, feats = batch["tokens"], batch["feats"].astype(jnp.float32)
+    b, t = tokens.shape
+    eps = net.config.target.norm_eps
+    target_logits = rms_norm(feats, parts.final_norm, eps) @ parts.head_u  # [B, T, U]
+    target_p = jax.nn.softmax(target_logits, axis=-1)
+    target_top = jnp.argmax(target_logits, axis=-1)
+    pos = jnp.arange(t)[None, :]
+    # Position j predicts token j + 1: answer predictions start at the last prompt token.
+    answer = (pos >= batch["prompt_lens"][:, None] - 1) & (pos < batch["lengths"][:, None] - 1)
+    emb = jnp.take(parts.embed, tokens, axis=0)
+    outs = unrolled_outputs(net, parts, tokens, feats, cfg.levels)
+    total, metrics = 0.0, {}
+    for k, out in enumerate(outs):
+        valid = (answer & (pos >= k)).astype(jnp.float32)
+        denom = jnp.maximum(valid.sum(), 1.0)
+        logits = net.logits(parts, out, emb)
+        ce = -jnp.sum(target_p * jax.nn.log_softmax(logits, axis=-1), axis=-1)
+        reg = jnp.mean(smooth_l1((out - feats) / scale), axis=-1)
+        level_loss = jnp.sum((ce + cfg.feature_weight * reg) * valid) / denom
+        total = total + cfg.level_decay**k * level_loss
+        agree = (jnp.argmax(logits, axis=-1) == target_top).astype(jnp.float32)
+        metrics[f"acc{k}"] = jnp.sum(agree * valid) / denom
+        metrics[f"ce{k}"] = jnp.sum(ce * valid) / denom
+    metrics["loss"] = total
+    return total, metrics
+
+
+def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
+    schedule = optax.warmup_cosine_decay_schedule(
+        0.0, cfg.lr, cfg.warmup, max(cfg.steps, cfg.warmup + 1), end_value=cfg.lr / 10
+    )
+    return optax.chain(
+        optax.clip_by_global_norm(cfg.clip),
+        optax.adamw(schedule, weight_decay=cfg.weight_decay),
+    )
+
+
+@functools.partial(
+    jax.jit, static_argnames=("graphdef", "optimizer", "cfg"), donate_argnames=("params", "opt")
+)
+def train_step(graphdef, params, rest, opt, parts, batch, scale, *, optimizer, cfg: TrainConfig):
+    """One optax step on the drafter's Params; returns (params, opt, metrics)."""
+
+    def loss(p):
+        net = nnx.merge(graphdef, p, rest)
+        return drafter_loss(net, parts, batch, cfg, scale)
+
+    grads, metrics = jax.grad(loss, has_aux=True)(params)
+    updates, opt = optimizer.update(grads, opt, params)
+    return optax.apply_updates(params, updates), opt, metrics
+
+
+def feature_scale(data: Dataset, sample: int = 64) -> float:
+    """RMS of the recorded hidden states (the regression's unit)."""
+    f = data.feats[:sample].astype(np.float32)
+    mask = np.arange(f.shape[1])[None, :] < data.lengths[:sample, None]
+    return float(np.sqrt(np.mean(f[mask] ** 2)))
+
+
+def batches(data: Dataset, batch: int, seed: int):
+    """Endless shuffled batches of whole sequences, trimmed to the longest in the batch rounded
+    up to 64 (few distinct widths, so few compilations)."""
+    rng = np.random.default_rng(seed)
+    n = len(data.lengths)
+    while True:
+        perm = rng.permutation(n)
+        for i in range(0, n - batch + 1, batch):
+            idx = np.sort(perm[i : i + batch])
+            width = min(-(-int(data.lengths[idx].max()) // 64) * 64, data.tokens.shape[1])
+            yield {
+                "tokens": data.tokens[idx, :width],
+                "feats": data.feats[idx, :width],
+                "lengths": data.lengths[idx],
+                "prompt_lens": data.prompt_lens[idx],
+            }
+
+
+def train(net: DrafterNet, parts: TargetParts, data: Dataset, cfg: TrainConfig, log=print):
+    """Train net in place; returns a summary dict (steps, wall seconds, tokens seen, last
+    metrics). Shows a progress bar with the loss, level-0 agreement and tokens/s."""
+    if len(data.lengths) < cfg.batch:
+        raise ValueError(f"{len(data.lengths)} sequences is fewer than one batch of {cfg.batch}")
+    graphdef, params, rest = nnx.split(net, nnx.Param, ...)
+    optimizer = make_optimizer(cfg)
+    opt = optimizer.init(params)
+    scale = jnp.float32(feature_scale(data))
+    stream = batches(data, cfg.batch, cfg.seed)
+    bar = tqdm(range(cfg.steps), desc=f"train {net.config.kind}", unit="step")
+    t0, seen, history = time.perf_counter(), 0, []
+    metrics = {}
+    for step in bar:
+        batch = next(stream)
+        params, opt, metrics = train_step(
+            graphdef, params, rest, opt, parts, batch, scale, optimizer=optimizer, cfg=cfg
+        )
+        seen += int((batch["lengths"] - batch["prompt_lens"]).sum())
+        if step % 10 == 0 or step == cfg.steps - 1:
+            m = {k: float(v) for k, v in metrics.items()}
+            history.append({"step": step, **m})
+            bar.set_postfix(
+                loss=f"{m['loss']:.3f}",
+                acc0=f"{m['acc0']:.3f}",
+                tok_s=f"{seen / (time.perf_counter() - t0):.0f}",
+            )
+    nnx.update(net, params)
+    return {
+        "steps": cfg.steps,
+        "wall_s": time.perf_counter() - t0,
+        "answer_tokens_seen": seen,
+        "final": {k: float(v) for k, v in metrics.items()},
+        "history": history,
+    }
