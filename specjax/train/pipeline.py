@@ -128,8 +128,8 @@ def train_drafter(
         "kind": recipe.kind,
         "data": (
             f"{len(data.lengths)} target-written answers ({data.answer_tokens} tokens) to "
-            f"{prompt_sets} at temperatures {recipe.distill.temperatures}, <= {recipe.distill.max_new_tokens} "
-            "new tokens each"
+            f"{prompt_sets} at temperatures {recipe.distill.temperatures}, "
+            f"<= {recipe.distill.max_new_tokens} new tokens each"
         ),
         "draft vocabulary": f"{len(vocab)} most frequent answer tokens "
         f"(cover {coverage:.1%} of answer tokens)",
