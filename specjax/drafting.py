@@ -16,7 +16,8 @@ methods, all traced inside the engine's `lax.while_loop`:
 Class attributes tell the engine what a drafter needs: `uses_target_features` (the engine then
 computes the target's last hidden state and passes it as target_hidden: [B, T, M] for the prompt,
 [B, N, M] for the verified tree; None otherwise) and `samples_children` (False for drafters whose
-children are top-k, which sampled decoding verifies with the one-hot tree rule). An optional
+children are top-k, which sampled decoding verifies with the one-hot tree rule) and
+`dynamic_trees` (whether it can choose the topology of a TreeConfig.dynamic budget). An optional
 `stats(state)` returns per-row statistics [B] merged into the output's stats.
 
 The engine's convention: the target cache holds positions [0, lengths); the root (the last emitted
@@ -106,6 +107,7 @@ class LMDrafter(nnx.Module):
 
     uses_target_features = False
     samples_children = True
+    dynamic_trees = False  # drafts the static topology of TreeConfig.branching
 
     def __init__(self, draft_model=None, *, n_layers: int | None = None):
         self.draft_model = draft_model

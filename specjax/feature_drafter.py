@@ -18,8 +18,9 @@ Draft reuse (HiddenStateDrafter, on by default): the mdc chain h_1..h_depth pred
 at positions lengths .. lengths + depth - 1 without consuming any draft token. After the target
 accepts a tokens, the new root sits at old depth a + 1; the chain slots of old depths a + 2 ..
 depth are predictions for exactly the new positions, uncontaminated by the rejected token, so the
-next tree injects the corrected token into them instead of recomputing them: only the missing
-deeper slots are computed (continuing the recurrence from the last reused state). A step where
+next tree injects the corrected token into them instead of recomputing them: only the root's
+slot (where the target's verified hidden state enters) and the missing deeper slots are computed,
+the latter continuing the recurrence from the last reused state. A step where
 every row can reuse a slot skips that layer call (lax.cond); stats count, per row, the draft nodes
 whose distribution came from a reused hidden state and the chain layer calls made.
 """
@@ -77,6 +78,7 @@ class FeatureDrafter(nnx.Module):
 
     uses_target_features = True  # the engine passes the target's last hidden states
     samples_children = False  # children are top-k: sampled decoding uses the one-hot tree rule
+    dynamic_trees = True  # chooses the topology within the TreeConfig's budget
 
     def __init__(self, net: DrafterNet, target):
         self.net = net
@@ -285,12 +287,18 @@ class EagleDrafter(FeatureDrafter):
 class HiddenStateDrafter(FeatureDrafter):
     """Hidden-state drafter (Make Every Draft Count): a chain of predicted hidden states, one layer
     call per depth (never consuming a draft token), token information injected at the readout,
-    and reuse of the chain after a rejection. reuse=False recomputes the whole chain every step
-    (the ablation)."""
+    and reuse of the chain after a rejection.
 
-    def __init__(self, net: DrafterNet, target, *, reuse: bool = True):
+    reuse=False recomputes the whole chain every step (the ablation). reuse_root=True also reuses
+    the first slot (the new root's hidden state) instead of recomputing it from the target's
+    verified hidden state and the corrected token; by default it is recomputed, because it is
+    the only slot that sees fresh target information and costs one layer call (measured in
+    experiments/results/drafters.md)."""
+
+    def __init__(self, net: DrafterNet, target, *, reuse: bool = True, reuse_root: bool = False):
         super().__init__(net, target)
         self.reuse = reuse
+        self.reuse_root = reuse_root
 
     def _chain(self, state, parts, ctx, root_emb, depth):
         """Complete the chain: slot d = h_{d+1} at position lengths + d, reusing valid slots.
@@ -300,6 +308,8 @@ class HiddenStateDrafter(FeatureDrafter):
         ctx_mask = (jnp.arange(s)[None, :] < cache.lengths[:, None])[:, None, :]  # [B, 1, S]
         h, k_hist, v_hist = state.chain_h, state.chain_k, state.chain_v
         reusable = state.chain_valid if self.reuse else jnp.zeros_like(state.chain_valid)
+        if not self.reuse_root:  # slot 0 is where the verified hidden state enters: recompute
+            reusable = reusable.at[:, :1].set(False)
         calls = state.chain_calls
         for d in range(depth):
             # The first slot starts from the target's own last hidden state and the root token;

@@ -229,6 +229,11 @@ def speculative_generate(
         raise ValueError(f"config must be a SpecConfig, got {type(config).__name__}")
     drafter.check_compatible(target)
     config.resolved_rule(sampling, drafter.samples_children)  # raises for an impossible pair
+    if config.tree.is_dynamic and not drafter.dynamic_trees:
+        raise ValueError(
+            f"{type(drafter).__name__} drafts static trees: give it TreeConfig(branching=...), "
+            "or use a feature drafter (specjax.load_drafter) for a dynamic tree budget"
+        )
     cfg = target.config
     ids, lens = prepare_prompts(prompts, cfg, max_new_tokens, extra_slots=config.tree.num_nodes + 1)
     keys = prepare_keys(key, ids.shape[0])

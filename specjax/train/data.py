@@ -48,12 +48,15 @@ STORY_TRAIN_FILE = "tinystories_train_head.txt"
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class DistillConfig:
     """What the target writes: `temperatures` lists one answer per entry for every prompt
-    (0 = greedy); answers stop at EOS or after max_new_tokens; batch rows per generate call."""
+    (0 = greedy); answers stop at EOS or after max_new_tokens; batch rows per generate call.
+    Prompts longer than max_prompt_tokens are skipped (their cost is quadratic, and the held-out
+    evaluation sets have short prompts)."""
 
     kind: str  # "chat" | "story"
     n_prompts: int | None = None  # None: every prompt of the sets
     temperatures: tuple[float, ...] = (0.0, 0.8)
     max_new_tokens: int = 256
+    max_prompt_tokens: int = 512  # longer prompts (long articles to summarise) are skipped
     batch: int = 32
     seed: int = 0
 
@@ -75,6 +78,7 @@ def training_prompts(tokenizer, cfg: DistillConfig) -> list[list[int]]:
         text = (shared_dir() / "data" / STORY_TRAIN_FILE).read_text(encoding="utf-8")
         paras = [p.strip() for p in text.split("\n\n") if len(p.split()) >= 12]
         prompts = [tokenizer.encode(" ".join(p.split()[:8]), bos=True) for p in paras]
+    prompts = [p for p in prompts if len(p) <= cfg.max_prompt_tokens]
     return prompts[: cfg.n_prompts] if cfg.n_prompts else prompts
 
 

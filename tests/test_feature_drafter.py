@@ -1,0 +1,251 @@
+"""Feature drafters (hidden-state mdc with reuse, EAGLE-style): losslessness end to end, train/test
+consistency of the unrolled training forward, reuse accounting, checkpoints and errors.
+
+Random drafters are used here (any drafter must be lossless); trained ones are measured by
+experiments/drafters.py and checked for greedy equality by the slow tests in test_drafters_real.py.
+"""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import specjax
+from specjax.config import TINY, SamplingConfig, SpecConfig, TreeConfig
+from specjax.feature_drafter import EagleDrafter, HiddenStateDrafter
+from specjax.models.drafter import DrafterConfig, DrafterNet, target_parts, unrolled_outputs
+from specjax.train.checkpoint import load_drafter, load_drafter_net, save_drafter
+from specjax.train.data import Dataset
+from specjax.train.trainer import TrainConfig, train
+from test_lossless_e2e import (
+    CFG,
+    N_ROWS,
+    PROMPT,
+    distribution_mismatch,
+    empirical_joint,
+    exact_joint,
+    sharpened,
+)
+
+KINDS = {"mdc": HiddenStateDrafter, "eagle": EagleDrafter}
+
+
+def make_drafter(kind, target, seed=0, reuse=True, scale=1.0):
+    cfg = DrafterConfig(kind=kind, target=target.config, draft_vocab_size=target.config.vocab_size)
+    net = DrafterNet(cfg, np.arange(cfg.draft_vocab_size), rngs=nnx.Rngs(seed), target=target)
+    net.fc.set_value(net.fc[...] * scale)
+    if kind == "mdc":
+        return HiddenStateDrafter(net, target, reuse=reuse)
+    return EagleDrafter(net, target)
+
+
+@pytest.fixture(scope="module")
+def tiny_target():
+    return specjax.Llama(TINY, rngs=nnx.Rngs(0))
+
+
+@pytest.mark.parametrize("kind", ["mdc", "eagle"])
+@pytest.mark.parametrize("reuse", [True, False])
+def test_greedy_equals_generate_ragged_batch(tiny_target, kind, reuse):
+    if kind == "eagle" and not reuse:
+        pytest.skip("reuse is an mdc switch")
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9], [3]]
+    ref = specjax.generate(tiny_target, prompts, max_new_tokens=24)
+    drafter = make_drafter(kind, tiny_target, reuse=reuse)
+    for tree in (TreeConfig.dynamic(7, 3, 3), TreeConfig.chain(3)):
+        out = specjax.speculative_generate(
+            tiny_target, drafter, prompts, max_new_tokens=24, config=SpecConfig(tree=tree)
+        )
+        np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
+        np.testing.assert_array_equal(np.asarray(out.lengths), np.asarray(ref.lengths))
+
+
+def test_rows_do_not_depend_on_each_other(tiny_target):
+    drafter = make_drafter("mdc", tiny_target)
+    cfg = SpecConfig(tree=TreeConfig.dynamic(6, 3, 2))
+    sampling = SamplingConfig(temperature=1.0)
+    keys = jax.random.split(jax.random.key(5), 3)
+    both = specjax.speculative_generate(
+        tiny_target,
+        drafter,
+        [[1, 2], [7, 7, 7]],
+        max_new_tokens=16,
+        config=cfg,
+        sampling=sampling,
+        key=keys[:2],
+    )
+    other = specjax.speculative_generate(
+        tiny_target,
+        drafter,
+        [[1, 2], [3, 4, 5, 6]],
+        max_new_tokens=16,
+        config=cfg,
+        sampling=sampling,
+        key=jnp.stack([keys[0], keys[2]]),
+    )
+    np.testing.assert_array_equal(np.asarray(both.tokens[0]), np.asarray(other.tokens[0]))
+
+
+@pytest.fixture(scope="module")
+def lossless_target():
+    return sharpened(CFG, 3, 3.0)
+
+
+@pytest.mark.parametrize("kind", ["mdc", "eagle"])
+def test_sampling_matches_target_distribution(lossless_target, kind):
+    """The whole path with a feature drafter (dynamic top-k tree, one-hot rule, drafter cache
+    commits, and for mdc the reuse of the hidden-state chain after rejections) samples the
+    target's exact joint distribution of the first three tokens (see test_lossless_e2e)."""
+    target = lossless_target
+    drafter = make_drafter(kind, target, seed=2, scale=2.0)
+    sampling = SamplingConfig(temperature=1.0)
+    out = specjax.speculative_generate(
+        target,
+        drafter,
+        [PROMPT] * N_ROWS,
+        max_new_tokens=3,
+        config=SpecConfig(tree=TreeConfig.dynamic(5, 3, 2)),
+        sampling=sampling,
+        key=jax.random.split(jax.random.key(0), N_ROWS),
+    )
+    tokens = np.asarray(out.tokens)
+    problem = distribution_mismatch(empirical_joint(tokens), exact_joint(target, sampling), N_ROWS)
+    assert problem is None, problem
+    hist = np.asarray(out.stats["accepted_hist"]).sum(0)
+    assert hist[1:].sum() > 0.05 * hist.sum() and hist[:-1].sum() > 0.05 * hist.sum(), hist
+    if kind == "mdc":  # reuse really happened in these rows
+        assert int(np.sum(out.stats["reused"])) > 0.05 * int(np.sum(out.stats["drafted"]))
+
+
+@pytest.mark.parametrize("kind", ["mdc", "eagle"])
+def test_drafting_follows_the_unrolled_training_forward(tiny_target, kind):
+    """A drafted greedy chain is what the training forward predicts for that chain: the token at
+    depth k + 1 is the argmax of the level-k logits at the root's position + k, so the drafter
+    is trained under exactly the conditions it drafts in."""
+    target = tiny_target
+    drafter = make_drafter(kind, target, seed=4)
+    prompt = jnp.asarray([[1, 5, 2, 9, 3, 3, 7]])
+    n, depth = prompt.shape[1], 3
+    cache_len = 32
+    from specjax.cache import init_cache
+    from specjax.decode import prefill
+    from specjax.drafting import RootContext
+
+    cache = init_cache(target.config, 1, cache_len)
+    lens = jnp.asarray([n])
+    _, _, hidden = prefill(target, prompt, lens, cache, "reference", return_hidden=(2,))
+    config = SpecConfig(tree=TreeConfig.chain(depth))
+    state = drafter.init_state(
+        target, prompt, lens, cache_len, config=config, target_hidden=hidden[2]
+    )
+    root = jnp.asarray([4])
+    ctx = RootContext(root=root, prev=prompt[:, -1], lengths=lens)
+    tree, _ = drafter.propose(
+        state, target, ctx, jax.random.key(0)[None], config=config, sampling=SamplingConfig()
+    )
+    chain = np.asarray(tree.tokens[0])  # root + depth drafted tokens
+    seq = jnp.concatenate([prompt, jnp.asarray(chain)[None]], axis=1)
+    # Features of the drafted positions are never read by levels >= 1 (they use their own).
+    feats = jnp.pad(hidden[2], ((0, 0), (0, depth + 1), (0, 0)))
+    parts = target_parts(target, drafter.net.draft_vocab[...])
+    outs = unrolled_outputs(drafter.net, parts, seq, feats, depth)
+    emb = jnp.take(parts.embed, seq, axis=0)
+    for k in range(depth):
+        logits = drafter.net.logits(parts, outs[k][:, n + k], emb[:, n + k])
+        assert int(jnp.argmax(logits[0])) == chain[k + 1], (k, chain)
+
+
+def test_reuse_serves_tokens_and_saves_chain_calls(tiny_target):
+    cfg = SpecConfig(tree=TreeConfig.dynamic(10, 5, 2))
+    stats = {}
+    for reuse in (True, False):
+        drafter = make_drafter("mdc", tiny_target, reuse=reuse)
+        out = specjax.speculative_generate(
+            tiny_target,
+            drafter,
+            [[1, 2, 3, 4]],
+            max_new_tokens=40,
+            config=cfg,
+            sampling=SamplingConfig(temperature=1.0),
+            key=jax.random.key(3),
+        )
+        stats[reuse] = {k: int(out.stats[k][0]) for k in ("reused", "chain_calls", "drafted")}
+        stats[reuse]["steps"] = int(out.stats["target_calls"][0])
+        stats[reuse]["accepted"] = np.asarray(out.stats["accepted_hist"][0])
+    assert stats[False]["reused"] == 0
+    assert stats[True]["reused"] > 0
+    # Without reuse every step computes the whole chain (depth 5 calls); with reuse a step after
+    # a rejection computes only the root's slot and the slots the old chain did not cover.
+    assert stats[False]["chain_calls"] == 5 * stats[False]["steps"]
+    assert stats[True]["chain_calls"] < 5 * stats[True]["steps"]
+    assert stats[True]["accepted"][:-1].sum() > 0  # rejections happened, so reuse was possible
+
+
+def test_checkpoint_round_trip(tmp_path, tiny_target):
+    drafter = make_drafter("mdc", tiny_target, seed=7)
+    save_drafter(drafter.net, tmp_path / "d", target_name="tiny", dtype="float32")
+    net = load_drafter_net(tmp_path / "d")
+    chex.assert_trees_all_close(
+        nnx.to_pure_dict(nnx.state(net, nnx.Param)),
+        nnx.to_pure_dict(nnx.state(drafter.net, nnx.Param)),
+    )
+    np.testing.assert_array_equal(net.draft_vocab[...], drafter.net.draft_vocab[...])
+    loaded = load_drafter(tmp_path / "d", tiny_target)
+    assert isinstance(loaded, HiddenStateDrafter)
+
+
+def test_errors_name_the_problem(tmp_path, tiny_target):
+    with pytest.raises(ValueError, match="no drafter.json"):
+        load_drafter(tmp_path, tiny_target)
+    (tmp_path / "drafter.json").write_text('{"format": "other"}')
+    with pytest.raises(ValueError, match="unknown drafter checkpoint layout"):
+        load_drafter(tmp_path, tiny_target)
+    other = specjax.Llama(TINY.__class__(**{**TINY.__dict__, "vocab_size": 20}), rngs=nnx.Rngs(1))
+    with pytest.raises(ValueError, match="vocab_size 16 vs 20"):
+        make_drafter("mdc", tiny_target).check_compatible(other)
+    drafter = make_drafter("eagle", tiny_target)
+    with pytest.raises(ValueError, match="proposes its top-k"):
+        specjax.speculative_generate(
+            tiny_target,
+            drafter,
+            [[1, 2]],
+            max_new_tokens=4,
+            config=SpecConfig(tree=TreeConfig.chain(2), rule="chain"),
+            sampling=SamplingConfig(temperature=1.0),
+        )
+    with pytest.raises(ValueError, match="static trees"):
+        specjax.speculative_generate(
+            tiny_target,
+            specjax.LMDrafter.self_draft(1),
+            [[1, 2]],
+            max_new_tokens=4,
+            config=SpecConfig(tree=TreeConfig.dynamic(5, 3, 2)),
+        )
+
+
+def test_training_lowers_the_loss(tiny_target):
+    """A few optax steps on target-written sequences raise the drafter's agreement."""
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(1, 16, size=4).tolist() for _ in range(16)]
+    out = specjax.generate(tiny_target, prompts, max_new_tokens=28)
+    tokens = np.concatenate([np.asarray(prompts), np.asarray(out.tokens)], axis=1)
+    from specjax.train.data import _last_hidden
+
+    graphdef, params = nnx.split(tiny_target)
+    feats = np.asarray(_last_hidden(graphdef, params, jnp.asarray(tokens)))
+    data = Dataset(
+        tokens=tokens.astype(np.int32),
+        feats=feats.astype(np.float16),
+        lengths=np.full(16, 32, np.int32),
+        prompt_lens=np.full(16, 4, np.int32),
+    )
+    drafter = make_drafter("mdc", tiny_target)
+    parts = target_parts(tiny_target, drafter.net.draft_vocab[...])
+    summary = train(
+        drafter.net, parts, data, TrainConfig(steps=60, batch=8, lr=3e-3, warmup=5), log=None
+    )
+    first, last = summary["history"][0], summary["history"][-1]
+    assert last["loss"] < 0.7 * first["loss"], (first, last)
+    assert last["acc0"] > first["acc0"]
