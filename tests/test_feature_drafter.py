@@ -11,14 +11,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-
-import specjax
-from specjax.config import TINY, SamplingConfig, SpecConfig, TreeConfig
-from specjax.feature_drafter import EagleDrafter, HiddenStateDrafter
-from specjax.models.drafter import DrafterConfig, DrafterNet, target_parts, unrolled_outputs
-from specjax.train.checkpoint import load_drafter, load_drafter_net, save_drafter
-from specjax.train.data import Dataset
-from specjax.train.trainer import TrainConfig, train
 from test_lossless_e2e import (
     CFG,
     N_ROWS,
@@ -28,6 +20,14 @@ from test_lossless_e2e import (
     exact_joint,
     sharpened,
 )
+
+import specjax
+from specjax.config import TINY, SamplingConfig, SpecConfig, TreeConfig
+from specjax.feature_drafter import EagleDrafter, HiddenStateDrafter
+from specjax.models.drafter import DrafterConfig, DrafterNet, target_parts, unrolled_outputs
+from specjax.train.checkpoint import load_drafter, load_drafter_net, save_drafter
+from specjax.train.data import Dataset
+from specjax.train.trainer import TrainConfig, train
 
 KINDS = {"mdc": HiddenStateDrafter, "eagle": EagleDrafter}
 
