@@ -240,9 +240,26 @@ HF_ASSISTANT_SETTINGS = dict(
 
 
 def _checkpoint_label(path: str) -> str:
-    """llama2xs-279K for models/llama2xs-279K/model.bin: the folder names the model."""
+    """llama2xs-279K for models/llama2xs-279K/model.bin (the folder names the model), the
+    directory's own name for a trained drafter (checkpoints/smollm2-mdc -> smollm2-mdc)."""
     p = Path(path)
+    if p.suffix == "":  # a drafter directory, possibly with an ablation switch
+        return p.name
     return p.parent.name or p.stem
+
+
+def resolve_drafter(spec: str) -> str:
+    """self:K as is; a trained drafter directory relative to the current directory or to the
+    repository (checkpoints/...); else a draft model under the shared models folder."""
+    from specjax.cli import is_feature_drafter
+    from specjax.paths import repo_dir
+
+    if spec.startswith("self:"):
+        return spec
+    for candidate in (spec, str(repo_dir() / spec)):
+        if is_feature_drafter(candidate):
+            return candidate
+    return str(resolve_path(spec, "models"))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -291,11 +308,12 @@ class Method:
         if self.kind == HF_ASSISTED:
             return f"HF assisted ({_checkpoint_label(self.drafter)})"
         tree = self.config.tree
-        shape = (
-            f"chain {tree.max_depth}"
-            if tree.is_chain
-            else "tree (" + ",".join(map(str, tree.branching)) + ")"
-        )
+        if tree.is_chain:
+            shape = f"chain {tree.max_depth}"
+        elif tree.is_dynamic:
+            shape = f"tree {tree.budget}/d{tree.max_depth}/top{tree.topk}"
+        else:
+            shape = "tree (" + ",".join(map(str, tree.branching)) + ")"
         if self.drafter.startswith("self:"):
             who = f"self-draft {self.drafter.split(':', 1)[1]}L"
         else:
@@ -320,11 +338,10 @@ def parse_method(spec: str) -> Method:
 
     ar | hf | hf-pld[:K] | hf-assisted:CHECKPOINT | DRAFTER[@N,DEPTH,TOPK[@RULE]]
 
-    DRAFTER is self:K or a draft checkpoint (same vocabulary as the target); the tree is
-    `specjax generate --tree`'s N,DEPTH,TOPK (default: a chain of 4); RULE one of SpecConfig's.
+    DRAFTER is self:K, a draft checkpoint (same vocabulary as the target) or a trained drafter
+    directory (checkpoints/...); the tree is `specjax generate --tree`'s N,DEPTH,TOPK (default: a
+    chain of 4; for trained drafters a dynamic budget, default 31,6,8); RULE one of SpecConfig's.
     """
-    from specjax.cli import parse_tree
-
     spec = spec.strip()
     if spec == AR:
         return Method(kind=AR)
@@ -338,7 +355,9 @@ def parse_method(spec: str) -> Method:
     drafter, *rest = spec.split("@")
     if not drafter or len(rest) > 2:
         raise ValueError(f"method {spec!r}: expected DRAFTER[@N,DEPTH,TOPK[@RULE]]")
-    tree = parse_tree(rest[0] if rest else None)
+    from specjax.cli import tree_for
+
+    tree = tree_for(resolve_drafter(drafter), rest[0] if rest else None)
     return Method(kind=SPEC, drafter=drafter, tree=tree, rule=rest[1] if len(rest) > 1 else "auto")
 
 
@@ -627,8 +646,7 @@ def _drafters(target: Target, methods: Sequence[Method]) -> dict[str, object]:
     out = {}
     for m in methods:
         if m.kind == SPEC and m.drafter not in out:
-            spec = m.drafter if m.drafter.startswith("self:") else resolve_path(m.drafter, "models")
-            drafter = make_drafter(str(spec), None)
+            drafter = make_drafter(resolve_drafter(m.drafter), target)
             drafter.check_compatible(target.model)
             out[m.drafter] = drafter
     return out

@@ -1,8 +1,9 @@
 """`specjax` command line: speculative (or plain) generation with a real checkpoint.
 
 specjax demo
-specjax generate --model PATH --prompt TEXT [--drafter PATH|self:K] [--tree N,DEPTH,TOPK]
+specjax generate --model PATH --prompt TEXT [--drafter PATH|DIR|self:K] [--tree N,DEPTH,TOPK]
                  [--max-new-tokens N] [--temperature T] [--chat]
+specjax train-drafter --target PATH --kind mdc|eagle --out DIR
 specjax bench [--targets ...] [--datasets ...] [--prompts FILE ...] [--methods SPEC ...] [--quick]
 """
 
@@ -61,14 +62,57 @@ def parse_tree(spec: str | None, default_depth: int = 4):
     return tree
 
 
+def is_feature_drafter(spec: str) -> bool:
+    """Whether --drafter names a trained feature drafter (a directory with drafter.json)."""
+    from pathlib import Path
+
+    return (Path(split_drafter_switch(spec)[0]) / "drafter.json").exists()
+
+
+# Ablation switches of a trained hidden-state drafter, spelled DIR:SWITCH.
+DRAFTER_SWITCHES = {"noreuse": {"reuse": False}, "reuseroot": {"reuse_root": True}}
+
+
+def split_drafter_switch(spec: str) -> tuple[str, dict]:
+    """ "checkpoints/smollm2-mdc:noreuse" -> ("checkpoints/smollm2-mdc", {"reuse": False})."""
+    head, _, switch = spec.rpartition(":")
+    if head and switch in DRAFTER_SWITCHES:
+        return head, DRAFTER_SWITCHES[switch]
+    return spec, {}
+
+
 def make_drafter(spec: str, target_loaded):
-    """--drafter PATH (a draft model sharing the target's vocabulary) or self:K."""
+    """--drafter PATH (a draft model sharing the target's vocabulary, or a trained feature drafter
+    directory from `specjax train-drafter`, optionally DIR:noreuse / DIR:reuseroot) or self:K."""
     import specjax
     from specjax.drafting import LMDrafter
 
     if spec.startswith("self:"):
         return LMDrafter.self_draft(int(spec.split(":", 1)[1]))
+    path, switches = split_drafter_switch(spec)
+    if is_feature_drafter(path):
+        if target_loaded is None:
+            raise ValueError(f"{spec}: a feature drafter needs its target to load")
+        return specjax.load_drafter(path, target_loaded.model, **switches)
     return LMDrafter(specjax.load(spec).model)
+
+
+def tree_for(drafter_spec: str | None, tree_spec: str | None):
+    """The TreeConfig for a drafter: feature drafters read --tree N,DEPTH,TOPK as a dynamic
+    budget (default 31 nodes, depth 6, top-8); draft models build the static tree of parse_tree."""
+    from specjax.config import TreeConfig
+
+    if drafter_spec and is_feature_drafter(drafter_spec):
+        if tree_spec is None:
+            return TreeConfig.dynamic(31, 6, 8)
+        try:
+            nodes, depth, topk = (int(x) for x in tree_spec.split(","))
+        except ValueError:
+            raise ValueError(
+                f"--tree expects N,DEPTH,TOPK (three ints), got {tree_spec!r}"
+            ) from None
+        return TreeConfig.dynamic(nodes, depth, topk)
+    return parse_tree(tree_spec)
 
 
 def run_generation(loaded, ids, *, max_new_tokens, sampling, seed, drafter=None, tree=None):
@@ -119,7 +163,7 @@ def cmd_generate(args) -> int:
     loaded = specjax.load(args.model, tokenizer=args.tokenizer)
     ids = _encode_prompt(loaded, args.prompt, args.chat)
     drafter = make_drafter(args.drafter, loaded) if args.drafter else None
-    tree = parse_tree(args.tree)
+    tree = tree_for(args.drafter, args.tree)
     out, run, comp = run_generation(
         loaded,
         ids,
@@ -134,35 +178,70 @@ def cmd_generate(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    """stories260K drafted by llama2xs-279K: speculative vs autoregressive, side by side."""
+    """Speculative vs autoregressive decoding, side by side, on a shared reference target:
+    SmolLM2-135M-Instruct with its shipped hidden-state drafter (default), or stories260K drafted
+    by llama2xs-279K (--pair stories)."""
     import specjax
-    from specjax.drafting import LMDrafter
-    from specjax.paths import LLAMA2XS, STORIES260K, shared_path
+    from specjax.paths import LLAMA2XS, SMOLLM2, SMOLLM2_MDC, STORIES260K, repo_dir, shared_path
 
-    loaded = specjax.load(shared_path(STORIES260K))
-    drafter = LMDrafter(specjax.load(shared_path(LLAMA2XS)).model)
-    ids = loaded.tokenizer.encode(args.prompt, bos=True)
     sampling = specjax.SamplingConfig(temperature=args.temperature)
-    tree = parse_tree(args.tree)
-    ar, ar_run, _ = run_generation(
-        loaded, ids, max_new_tokens=args.max_new_tokens, sampling=sampling, seed=0
-    )
-    sd, sd_run, comp = run_generation(
-        loaded,
-        ids,
-        max_new_tokens=args.max_new_tokens,
-        sampling=sampling,
-        seed=0,
-        drafter=drafter,
-        tree=tree,
-    )
-    report(loaded, sd, sd_run, comp, "speculative, llama2xs-279K drafting for stories260K")
+    if args.pair == "stories":
+        loaded = specjax.load(shared_path(STORIES260K))
+        drafter = specjax.LMDrafter(specjax.load(shared_path(LLAMA2XS)).model)
+        prompt = args.prompt or "Once upon a time"
+        ids = loaded.tokenizer.encode(prompt, bos=True)
+        tree = parse_tree(args.tree)
+        label = "speculative, llama2xs-279K drafting for stories260K"
+    else:
+        loaded = specjax.load(shared_path(SMOLLM2))
+        drafter_dir = repo_dir() / SMOLLM2_MDC
+        drafter = specjax.load_drafter(drafter_dir, loaded.model)
+        prompt = args.prompt or "Explain in a few sentences why the sky is blue."
+        ids = _encode_prompt(loaded, prompt, chat=True)
+        tree = tree_for(str(drafter_dir), args.tree)
+        label = f"speculative, {SMOLLM2_MDC} drafting for SmolLM2-135M-Instruct"
+    common = dict(max_new_tokens=args.max_new_tokens, sampling=sampling, seed=0)
+    ar, ar_run, _ = run_generation(loaded, ids, **common)
+    sd, sd_run, comp = run_generation(loaded, ids, drafter=drafter, tree=tree, **common)
+    report(loaded, sd, sd_run, comp, label)
     same = bool((ar.tokens == sd.tokens).all())
     print(
         f"[autoregressive: {ar_run:.3f}s, speculative: {sd_run:.3f}s, speedup "
         f"{ar_run / sd_run:.2f}x; identical to autoregressive output: {same}]",
         file=sys.stderr,
     )
+    return 0
+
+
+def cmd_train_drafter(args) -> int:
+    """Distill the target's answers, train a feature drafter, save it with its card."""
+    from pathlib import Path
+
+    import specjax
+    from specjax.train.data import DistillConfig
+    from specjax.train.pipeline import DrafterRecipe, train_drafter
+    from specjax.train.trainer import TrainConfig
+
+    loaded = specjax.load(args.target)
+    if loaded.tokenizer is None:
+        raise ValueError(f"{args.target}: the target needs a tokenizer to write training answers")
+    data_kind = "chat" if loaded.tokenizer.chat_template else "story"
+    distill = DistillConfig(
+        kind=data_kind,
+        temperatures=tuple(float(t) for t in args.temperatures.split(",")),
+        max_new_tokens=args.answer_tokens,
+        batch=args.distill_batch,
+    )
+    recipe = DrafterRecipe(
+        kind=args.kind,
+        data_kind=data_kind,
+        distill=distill,
+        train=TrainConfig(steps=args.steps, batch=args.batch, levels=args.levels, lr=args.lr),
+        draft_vocab=args.draft_vocab,
+    )
+    data_dir = args.data or str(Path(args.out).parent / f"{Path(args.target).stem}-distill")
+    train_drafter(args.target, recipe, args.out, data_dir=data_dir, eval_n=args.eval_n)
+    print(Path(args.out, "CARD.md").read_text())
     return 0
 
 
@@ -189,16 +268,40 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument(
         "--drafter",
         default=None,
-        help="draft model PATH (same vocabulary) or self:K (target's first K layers)",
+        help="draft model PATH (same vocabulary), a trained drafter DIR (specjax train-drafter, "
+        "e.g. checkpoints/smollm2-mdc) or self:K (target's first K layers)",
     )
     gen.add_argument("--tree", default=None, help="draft tree N,DEPTH,TOPK (default: chain of 4)")
     gen.set_defaults(func=cmd_generate)
-    demo = sub.add_parser("demo", help="speculative decoding on the shared stories260K pair")
-    demo.add_argument("--prompt", default="Once upon a time")
+    demo = sub.add_parser(
+        "demo", help="speculative vs plain decoding with a shipped drafter (SmolLM2 or stories)"
+    )
+    demo.add_argument("--pair", choices=("smollm2", "stories"), default="smollm2")
+    demo.add_argument("--prompt", default=None)
     demo.add_argument("--max-new-tokens", type=int, default=128)
     demo.add_argument("--temperature", type=float, default=0.0)
-    demo.add_argument("--tree", default=None, help="draft tree N,DEPTH,TOPK (default: chain of 4)")
+    demo.add_argument(
+        "--tree", default=None, help="draft tree N,DEPTH,TOPK (default: 31,6,8 / chain of 4)"
+    )
     demo.set_defaults(func=cmd_demo)
+    trn = sub.add_parser(
+        "train-drafter",
+        help="train a hidden-state (mdc) or EAGLE-style drafter for a target by self-distillation",
+    )
+    trn.add_argument("--target", required=True, help="the target checkpoint")
+    trn.add_argument("--kind", choices=("mdc", "eagle"), default="mdc")
+    trn.add_argument("--out", required=True, help="directory for the drafter (orbax + card)")
+    trn.add_argument("--data", default=None, help="distillation cache (default: beside --out)")
+    trn.add_argument("--steps", type=int, default=1500)
+    trn.add_argument("--batch", type=int, default=8, help="sequences per step")
+    trn.add_argument("--levels", type=int, default=3, help="unrolled draft steps in training")
+    trn.add_argument("--lr", type=float, default=1e-3)
+    trn.add_argument("--draft-vocab", type=int, default=8192, help="compressed draft vocabulary")
+    trn.add_argument("--temperatures", default="0,0.7,1", help="one answer per prompt for each")
+    trn.add_argument("--answer-tokens", type=int, default=256, help="max new tokens per answer")
+    trn.add_argument("--distill-batch", type=int, default=32)
+    trn.add_argument("--eval-n", type=int, default=10, help="held-out prompts for the card's tau")
+    trn.set_defaults(func=cmd_train_drafter)
     from specjax.bench import add_arguments as add_bench_arguments
 
     bench = sub.add_parser(

@@ -164,9 +164,13 @@ class _ARState:
     n_generated: jax.Array  # [B]
     done: jax.Array  # [B]
     cache: KVCache
+    hidden: jax.Array | None  # [B, max_new, M] last hidden state of each fed token, if recorded
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "sampling", "attn_impl"))
+@functools.partial(
+    jax.jit,
+    static_argnames=("graphdef", "max_new_tokens", "sampling", "attn_impl", "record_hidden"),
+)
 def _generate(
     graphdef,
     params,
@@ -178,11 +182,16 @@ def _generate(
     max_new_tokens: int,
     sampling: SamplingConfig,
     attn_impl: str,
+    record_hidden: bool = False,
 ):
     model = nnx.merge(graphdef, params)
     b, t = ids.shape
     cache = init_cache(model.config, b, t + max_new_tokens)
-    logits, cache, _ = prefill(model, ids, prompt_lens, cache, attn_impl)
+    last_layer = model.config.n_layers
+    wanted = (last_layer,) if record_hidden else ()
+    logits, cache, prompt_hidden = prefill(
+        model, ids, prompt_lens, cache, attn_impl, return_hidden=wanted
+    )
     first = choose_tokens(logits, keys, 0, sampling)
     done = (first == eos_id) | (max_new_tokens <= 1)
     tokens = jnp.zeros((b, max_new_tokens), jnp.int32).at[:, 0].set(first)
@@ -193,6 +202,9 @@ def _generate(
         n_generated=jnp.ones((b,), jnp.int32),
         done=done,
         cache=cache,
+        hidden=jnp.zeros((b, max_new_tokens, model.config.d_model), jnp.float32)
+        if record_hidden
+        else None,
     )
 
     def cond(s: _ARState):
@@ -204,8 +216,12 @@ def _generate(
             positions=s.cache.lengths[:, None],
             cache=s.cache,
             tree_mask=jnp.ones((b, 1, 1), bool),
+            return_hidden=wanted,
             attn_impl=attn_impl,
         )
+        hidden = s.hidden
+        if record_hidden:  # the token fed at this step is generated token step - 1
+            hidden = hidden.at[:, s.step - 1].set(out.hidden[last_layer][:, 0].astype(jnp.float32))
         live = ~s.done
         cache = out.cache.replace(lengths=s.cache.lengths + live)
         nxt = choose_tokens(out.logits[:, 0], keys, s.step, sampling)
@@ -219,10 +235,14 @@ def _generate(
             n_generated=s.n_generated + live,
             done=done,
             cache=cache,
+            hidden=hidden,
         )
 
     final = jax.lax.while_loop(cond, body, state)
-    return GenerateOutput(tokens=final.tokens, lengths=final.n_generated)
+    stats = None
+    if record_hidden:
+        stats = {"prompt_hidden": prompt_hidden[last_layer], "hidden": final.hidden}
+    return GenerateOutput(tokens=final.tokens, lengths=final.n_generated, stats=stats)
 
 
 def generate(
@@ -234,12 +254,17 @@ def generate(
     key=None,
     eos_id: int | None = None,
     attn_impl: str = "auto",
+    record_hidden: bool = False,
 ) -> GenerateOutput:
     """Autoregressive decoding of `model` (the reference every speculative path must match).
 
     prompts: list of token-id lists (ragged) or int array [B, T]. Returns tokens [B, max_new_tokens]
     and lengths [B]. Greedy when sampling.temperature == 0. key: one PRNG key (split per row) or B
     per-row keys. eos_id: stop a row after it emits this token (None: run to max_new_tokens).
+    record_hidden: also return the last layer's hidden state (before the final norm) of every
+    token the model read, as stats {"prompt_hidden": [B, T, M] (padded prompt positions),
+    "hidden": [B, max_new_tokens, M] (generated token i at index i; the last generated token is
+    never read, so its slot and those past it hold 0)} -- what drafter training records.
     """
     check_sampling(sampling)
     cfg = model.config
@@ -256,6 +281,7 @@ def generate(
         max_new_tokens=max_new_tokens,
         sampling=sampling,
         attn_impl=attn_impl,
+        record_hidden=record_hidden,
     )
 
 

@@ -12,11 +12,23 @@ LLAMA2XS = "models/llama2xs-279K/model.bin"
 SMOLLM2 = "models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
+# Drafters trained for the reference targets (experiments/train_drafters.py), in the repository.
+SMOLLM2_MDC = "checkpoints/smollm2-mdc"
+SMOLLM2_EAGLE = "checkpoints/smollm2-eagle"
+STORIES260K_MDC = "checkpoints/stories260K-mdc"
+STORIES260K_EAGLE = "checkpoints/stories260K-eagle"
+
+
+def repo_dir() -> Path:
+    """The repository root (checkpoints/ and experiments/ live there)."""
+    return Path(__file__).resolve().parents[1]
+
+
 def shared_dir() -> Path:
     env = os.environ.get("SPECJAX_SHARED")
     if env:
         return Path(env)
-    return Path(__file__).resolve().parents[1].parent / "shared"
+    return repo_dir().parent / "shared"
 
 
 def shared_path(relative: str) -> Path:

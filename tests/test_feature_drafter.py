@@ -225,16 +225,40 @@ def test_errors_name_the_problem(tmp_path, tiny_target):
         )
 
 
+def test_recorded_hidden_states_equal_teacher_forced_ones(tiny_target):
+    """generate(record_hidden=True) -- what distillation stores -- gives the hidden states a
+    teacher-forced pass over prompt + answer gives."""
+    from specjax.train.data import teacher_forced_hidden
+
+    prompts = [[1, 2, 3, 4], [5, 6, 7, 8]]
+    out = specjax.generate(
+        tiny_target,
+        prompts,
+        max_new_tokens=12,
+        sampling=SamplingConfig(temperature=1.0),
+        key=jax.random.key(0),
+        record_hidden=True,
+    )
+    tokens = np.concatenate([np.asarray(prompts), np.asarray(out.tokens)], axis=1)
+    graphdef, params = nnx.split(tiny_target)
+    forced = np.asarray(teacher_forced_hidden(graphdef, params, jnp.asarray(tokens)))
+    recorded = np.concatenate(
+        [np.asarray(out.stats["prompt_hidden"])[:, :4], np.asarray(out.stats["hidden"])], axis=1
+    )
+    np.testing.assert_allclose(recorded[:, :-1], forced[:, :-1], atol=1e-4)
+    assert np.all(recorded[:, -1] == 0)  # the last token is never read
+
+
 def test_training_lowers_the_loss(tiny_target):
     """A few optax steps on target-written sequences raise the drafter's agreement."""
     rng = np.random.default_rng(0)
     prompts = [rng.integers(1, 16, size=4).tolist() for _ in range(16)]
     out = specjax.generate(tiny_target, prompts, max_new_tokens=28)
     tokens = np.concatenate([np.asarray(prompts), np.asarray(out.tokens)], axis=1)
-    from specjax.train.data import _last_hidden
+    from specjax.train.data import teacher_forced_hidden
 
     graphdef, params = nnx.split(tiny_target)
-    feats = np.asarray(_last_hidden(graphdef, params, jnp.asarray(tokens)))
+    feats = np.asarray(teacher_forced_hidden(graphdef, params, jnp.asarray(tokens)))
     data = Dataset(
         tokens=tokens.astype(np.int32),
         feats=feats.astype(np.float16),

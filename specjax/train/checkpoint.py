@@ -20,7 +20,6 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-import orbax.checkpoint as ocp
 from flax import nnx
 
 from specjax.config import ModelConfig
@@ -39,6 +38,8 @@ def save_drafter(
     params = nnx.to_pure_dict(nnx.state(net, nnx.Param))
     params = jax.tree.map(lambda x: np.asarray(jnp.asarray(x, dtype)), params)
     tree = {"params": params, "draft_vocab": np.asarray(net.draft_vocab[...])}
+    import orbax.checkpoint as ocp  # imported on use: it is slow to import
+
     ckpt_dir = out_dir / "params"
     with ocp.StandardCheckpointer() as ckptr:
         ckptr.save(ckpt_dir, tree, force=True)
@@ -91,6 +92,8 @@ def load_drafter_net(path: str | Path) -> DrafterNet:
         ),
         "draft_vocab": jax.ShapeDtypeStruct(vocab.shape, jnp.int32),
     }
+    import orbax.checkpoint as ocp
+
     with ocp.StandardCheckpointer() as ckptr:
         tree = ckptr.restore(path / "params", abstract)
     state = nnx.state(net, nnx.Param)
@@ -102,16 +105,17 @@ def load_drafter_net(path: str | Path) -> DrafterNet:
     return net
 
 
-def load_drafter(path: str | Path, target, *, reuse: bool = True):
+def load_drafter(path: str | Path, target, *, reuse: bool = True, reuse_root: bool = False):
     """A Drafter (HiddenStateDrafter or EagleDrafter) from a drafter directory, bound to
     `target` (a specjax Llama, or a specjax.Loaded). Raises ValueError when the drafter was
-    trained for a target of other shapes or vocabulary. reuse: mdc draft reuse (ablation off)."""
+    trained for a target of other shapes or vocabulary. reuse / reuse_root: the mdc draft-reuse
+    switches (see HiddenStateDrafter)."""
     from specjax.feature_drafter import EagleDrafter, HiddenStateDrafter
 
     model = getattr(target, "model", target)
     net = load_drafter_net(path)
     if net.config.kind == "mdc":
-        drafter = HiddenStateDrafter(net, model, reuse=reuse)
+        drafter = HiddenStateDrafter(net, model, reuse=reuse, reuse_root=reuse_root)
     else:
         drafter = EagleDrafter(net, model)
     drafter.check_compatible(model)

@@ -83,7 +83,7 @@ def training_prompts(tokenizer, cfg: DistillConfig) -> list[list[int]]:
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef",))
-def _last_hidden(graphdef, params, ids):
+def teacher_forced_hidden(graphdef, params, ids):
     """The target's last hidden state [B, T, M] for teacher-forced ids [B, T]."""
     model = nnx.merge(graphdef, params)
     b, t = ids.shape
@@ -106,16 +106,31 @@ def make_shard(model, prompts, *, temperature, max_new_tokens, eos_id, key) -> d
     """Answers for one batch of prompts and the target's features over prompt + answer."""
     sampling = SamplingConfig(temperature=temperature)
     out = generate(
-        model, prompts, max_new_tokens=max_new_tokens, sampling=sampling, key=key, eos_id=eos_id
+        model,
+        prompts,
+        max_new_tokens=max_new_tokens,
+        sampling=sampling,
+        key=key,
+        eos_id=eos_id,
+        record_hidden=True,
     )
     answers, n_gen = np.asarray(out.tokens), np.asarray(out.lengths)
+    prompt_hidden, answer_hidden = (
+        np.asarray(out.stats["prompt_hidden"]),
+        np.asarray(out.stats["hidden"]),
+    )
     seqs = [list(p) + answers[i, : n_gen[i]].tolist() for i, p in enumerate(prompts)]
     lengths = np.array([len(s) for s in seqs], np.int32)
-    ids = np.zeros((len(seqs), _pad_width(int(lengths.max()))), np.int32)
+    width = _pad_width(int(lengths.max()))
+    ids = np.zeros((len(seqs), width), np.int32)
+    feats = np.zeros((len(seqs), width, prompt_hidden.shape[-1]), np.float32)
     for i, s in enumerate(seqs):
         ids[i, : len(s)] = s
-    graphdef, params = nnx.split(model)
-    feats = np.asarray(_last_hidden(graphdef, params, jnp.asarray(ids)))
+        n_prompt = len(prompts[i])
+        # Hidden states recorded while decoding (the same numbers a speculative run sees); the
+        # last answer token was never read and keeps 0 (no loss is taken there).
+        feats[i, :n_prompt] = prompt_hidden[i, :n_prompt]
+        feats[i, n_prompt : len(s)] = answer_hidden[i, : n_gen[i]]
     if not np.isfinite(feats).all() or np.abs(feats).max() > 6e4:
         raise ValueError("target hidden states overflow float16; store them in float32")
     return {
