@@ -55,7 +55,16 @@ import numpy as np
 
 from specjax.benchmark import device_header, mean_ci, time_interleaved, tinystories_prompts
 from specjax.config import SamplingConfig, SpecConfig, TreeConfig
-from specjax.paths import LLAMA2XS, SMOLLM2, STORIES260K, shared_dir
+from specjax.paths import (
+    LLAMA2XS,
+    SMOLLM2,
+    SMOLLM2_EAGLE,
+    SMOLLM2_MDC,
+    STORIES260K,
+    STORIES260K_EAGLE,
+    STORIES260K_MDC,
+    shared_dir,
+)
 
 # ---------------------------------------------------------------------------------------------
 # Prompt sets
@@ -808,6 +817,9 @@ class Suite:
         return Target(self.name, loaded.model, loaded.tokenizer, eos), loaded
 
 
+# The trained drafters' tree in the default suites: 31 draft nodes, depth 6, top-8.
+FEATURE_TREE = TreeConfig.dynamic(31, 6, 8)
+
 # Sized for one reproducible CPU run of all suites in under 30 minutes (2 cores), transformers
 # peer included; pass --n-prompts / --max-new-tokens / --datasets for larger runs.
 SUITES = {
@@ -824,6 +836,8 @@ SUITES = {
             Method(kind=SPEC, drafter=LLAMA2XS, tree=TreeConfig.chain(4)),
             Method(kind=SPEC, drafter=LLAMA2XS, tree=TreeConfig(branching=(4, 1, 1, 1))),
             Method(kind=SPEC, drafter="self:2", tree=TreeConfig.chain(2)),
+            Method(kind=SPEC, drafter=STORIES260K_EAGLE, tree=FEATURE_TREE),
+            Method(kind=SPEC, drafter=STORIES260K_MDC, tree=FEATURE_TREE),
             Method(kind=HF_GENERATE),
             Method(kind=HF_ASSISTED, drafter=LLAMA2XS),
         ),
@@ -833,13 +847,16 @@ SUITES = {
         model=SMOLLM2,
         kind="chat",
         datasets=(Dataset.named("mt_bench", 8, 64),),
-        # The drafter specjax has for this target: self-drafting with its first 8 of 30 layers
-        # (no smaller model shares its vocabulary in the shared folder). One tree shape only, to
-        # keep the whole run under 30 minutes on 2 CPU cores: the (3,1) tree was faster than a
-        # chain of 3 in smoke runs (the chain: --methods ar self:8@3,3,1 hf hf-pld).
+        # Every drafter specjax has for this target: self-drafting with its first 8 of 30 layers
+        # (no smaller model shares its vocabulary in the shared folder) and the two trained
+        # feature drafters. One tree shape each, to keep the whole run under 30 minutes on 2 CPU
+        # cores (experiments/drafters.py compares budgets): the (3,1) tree was faster than a
+        # chain of 3 for self-drafting in smoke runs (the chain: --methods ar self:8@3,3,1 ...).
         methods=(
             Method(kind=AR),
             Method(kind=SPEC, drafter="self:8", tree=TreeConfig(branching=(3, 1))),
+            Method(kind=SPEC, drafter=SMOLLM2_EAGLE, tree=FEATURE_TREE),
+            Method(kind=SPEC, drafter=SMOLLM2_MDC, tree=FEATURE_TREE),
             Method(kind=HF_GENERATE),
             Method(kind=HF_LOOKUP),
         ),
@@ -922,10 +939,21 @@ def format_row(r: Row) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
-def write_markdown(rows: Sequence[Row], header: str, path: str | Path, notes: Sequence[str] = ()):
+BENCH_TITLE = (
+    "Spec-Bench-style benchmark: specjax methods, autoregressive decoding and transformers"
+)
+
+
+def write_markdown(
+    rows: Sequence[Row],
+    header: str,
+    path: str | Path,
+    notes: Sequence[str] = (),
+    title: str = BENCH_TITLE,
+):
     """The results table with its header, definitions and the explanation of every mismatch."""
     lines = [
-        "# Spec-Bench-style benchmark: specjax methods, autoregressive decoding and transformers",
+        f"# {title}",
         "",
         header,
         "",

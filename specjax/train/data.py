@@ -146,7 +146,8 @@ def build_dataset(loaded, out_dir: str | Path, cfg: DistillConfig, *, source: st
     out_dir. Returns out_dir. Shows a progress bar with answer tokens per second."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    manifest = {"source": source, "config": dataclasses.asdict(cfg)}
+    # Through JSON, so that tuples compare equal to the lists a stored manifest holds.
+    manifest = json.loads(json.dumps({"source": source, "config": dataclasses.asdict(cfg)}))
     manifest_path = out_dir / "manifest.json"
     if manifest_path.exists():
         old = json.loads(manifest_path.read_text())

@@ -124,7 +124,7 @@ def train_drafter(
         else "TinyStories train prefixes"
     )
     card = {
-        "target": f"{name} ({target_path})",
+        "target": f"{name} ({_shared_relative(target_path)})",
         "kind": recipe.kind,
         "data": (
             f"{len(data.lengths)} target-written answers ({data.answer_tokens} tokens) to "
@@ -156,3 +156,14 @@ def _coverage(data, vocab: np.ndarray) -> float:
     pos = np.arange(data.tokens.shape[1])[None, :]
     answer = (pos >= data.prompt_lens[:, None]) & (pos < data.lengths[:, None])
     return float(np.isin(data.tokens[answer], vocab).mean())
+
+
+def _shared_relative(path) -> str:
+    """$SPECJAX_SHARED/models/... for a path under the shared folder (cards carry no machine
+    paths), else the path as given."""
+    from specjax.paths import shared_dir
+
+    try:
+        return "$SPECJAX_SHARED/" + str(Path(path).resolve().relative_to(shared_dir().resolve()))
+    except ValueError:
+        return str(path)

@@ -120,13 +120,21 @@ def feature_scale(data: Dataset, sample: int = 64) -> float:
 
 
 def batches(data: Dataset, batch: int, seed: int):
-    """Endless shuffled batches of whole sequences, trimmed to the longest in the batch rounded
-    up to 64 (few distinct widths, so few compilations)."""
+    """Endless shuffled batches of whole sequences of similar length, trimmed to the longest in
+    the batch rounded up to 64 (little padding, few distinct widths, so few compilations).
+
+    Each epoch: a random permutation, sorted by length within windows of 16 batches, cut into
+    batches, and the batches shuffled."""
     rng = np.random.default_rng(seed)
     n = len(data.lengths)
+    window = 16 * batch
     while True:
         perm = rng.permutation(n)
-        for i in range(0, n - batch + 1, batch):
+        for w in range(0, n, window):
+            chunk = perm[w : w + window]
+            perm[w : w + window] = chunk[np.argsort(data.lengths[chunk], kind="stable")]
+        starts = rng.permutation(np.arange(0, n - batch + 1, batch))
+        for i in starts:
             idx = np.sort(perm[i : i + batch])
             width = min(-(-int(data.lengths[idx].max()) // 64) * 64, data.tokens.shape[1])
             yield {
