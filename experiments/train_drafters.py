@@ -29,7 +29,7 @@ STORY_DATA = DistillConfig(kind="story", temperatures=(0.0, 0.8), max_new_tokens
 CHAT_DATA = DistillConfig(kind="chat", temperatures=(0.0, 0.7, 1.0), max_new_tokens=256, batch=32)
 # Same data and the same budget for both kinds of a target, so the comparison is fair.
 STORY_TRAIN = TrainConfig(steps=1200, batch=16, levels=4, lr=2e-3, warmup=100)
-CHAT_TRAIN = TrainConfig(steps=400, batch=8, levels=3, lr=2e-3, warmup=40)
+CHAT_TRAIN = TrainConfig(steps=500, batch=8, levels=3, lr=2e-3, warmup=40)
 
 # name -> (target checkpoint under the shared folder, recipe)
 RECIPES = {

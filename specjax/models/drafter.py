@@ -8,16 +8,16 @@ Both drafters read the target's last hidden state f_j (the residual stream after
 before the final norm: what the target "knows" after token x_j) and run ONE decoder layer with the
 target's shapes over their own KV cache. Position j of that cache holds the fused input
 
-    u_j = fc([norm(f_{j-1}); norm(embed(x_j))])          (f_{-1} = 0)
+    u_j = f_{j-1} + fc([norm(f_{j-1}); norm(embed(x_j))])          (f_{-1} = 0)
 
 whose layer output o_j predicts f_j; the target's final norm and LM head (restricted to the draft
 vocabulary) turn a prediction into logits. The two kinds differ only in what they feed beyond the
 committed tokens:
 
-- eagle: the next input is fc([o_j; embed(x_{j+1})]) for a *drafted* x_{j+1}, so the recurrence
+- eagle: the next input is fuse(o_j, embed(x_{j+1})) for a *drafted* x_{j+1}, so the recurrence
   consumes draft tokens and every tree node needs its own layer call. Logits: head(o_j).
 - mdc (hidden-state autoregression): the recurrence never consumes draft tokens. The next input is
-  fc([o_j; null]) with a learned null vector in place of the token embedding, so the chain of
+  fuse(o_j, null) with a learned null vector in place of the token embedding, so the chain of
   predicted hidden states h_1..h_depth is one layer call per depth whatever the tree holds, and
   token information is injected afterwards, at the readout:
 
@@ -108,17 +108,28 @@ class DrafterNet(nnx.Module):
     stacked with a leading axis of 1, like the target's), and for mdc the null input vector, the
     injection matrix and the token-information projection."""
 
-    def __init__(self, cfg: DrafterConfig, draft_vocab, *, rngs: nnx.Rngs, target=None):
+    def __init__(
+        self,
+        cfg: DrafterConfig,
+        draft_vocab,
+        *,
+        rngs: nnx.Rngs,
+        target=None,
+        input_scale: float = 1.0,
+    ):
+        """input_scale: initial scale of the normalised inputs, best set to the RMS of the
+        target's hidden states (what training does), so token information starts at the
+        magnitude of the residual stream it is added to."""
         m = cfg.target.d_model
         self.config = cfg
         self.draft_vocab = DraftVocab(jnp.asarray(draft_vocab, jnp.int32))
-        self.feat_norm = nnx.Param(jnp.ones((m,), jnp.float32))
-        self.tok_norm = nnx.Param(jnp.ones((m,), jnp.float32))
-        # fc starts as f + e (identity on both halves) plus noise, so the layer first sees inputs
-        # of the kind the target's own layers see.
-        eye = jnp.concatenate([jnp.eye(m), jnp.eye(m)], axis=0)
+        self.feat_norm = nnx.Param(jnp.full((m,), input_scale, jnp.float32))
+        self.tok_norm = nnx.Param(jnp.full((m,), input_scale, jnp.float32))
+        # fc starts by adding half the token embedding to the residual (the previous hidden state,
+        # see fuse), plus noise.
+        eye = jnp.concatenate([jnp.zeros((m, m)), 0.5 * jnp.eye(m)], axis=0)
         noise = 0.02 * jax.random.normal(rngs.params(), (2 * m, m)) / jnp.sqrt(m)
-        self.fc = nnx.Param((0.5 * eye + noise).astype(jnp.float32))
+        self.fc = nnx.Param((eye + noise).astype(jnp.float32))
         self.layers = Layers(cfg.layer, rngs=rngs)
         if target is not None:  # start from the target's last layer
             last = target.config.n_layers - 1
@@ -137,15 +148,20 @@ class DrafterNet(nnx.Module):
     # -- inputs and readouts -------------------------------------------------------------------
 
     def fuse(self, feat: jax.Array, tok_emb: jax.Array | None) -> jax.Array:
-        """u = fc([norm(feat); norm(tok_emb)]): feat [..., M], tok_emb [..., M] or None for the
-        mdc chain's null input. Returns [..., M] float32."""
+        """u = feat + fc([norm(feat); norm(tok_emb)]): feat [..., M], tok_emb [..., M] or None
+        for the mdc chain's null input. Returns [..., M] float32.
+
+        The raw feature is kept as a residual: consecutive hidden states of the target are close
+        (cosine ~0.6 on SmolLM2) and carry its large-magnitude channels, which the final norm's
+        scale depends on; the layer then only learns the change."""
         eps = self.config.target.norm_eps
-        f = rms_norm(feat.astype(jnp.float32), self.feat_norm[...], eps)
+        feat = feat.astype(jnp.float32)
+        f = rms_norm(feat, self.feat_norm[...], eps)
         if tok_emb is None:
             e = jnp.broadcast_to(self.null_token[...], f.shape)
         else:
             e = rms_norm(tok_emb.astype(jnp.float32), self.tok_norm[...], eps)
-        return jnp.concatenate([f, e], axis=-1) @ self.fc[...]
+        return feat + jnp.concatenate([f, e], axis=-1) @ self.fc[...]
 
     def logits(self, parts: TargetParts, out: jax.Array, parent_emb: jax.Array) -> jax.Array:
         """Draft logits [..., U] from a layer output (a predicted hidden state) out [..., M] and
@@ -242,10 +258,10 @@ def unrolled_outputs(
     the drafter's prediction of f_j when the last k inputs before j were its own predictions, the
     exact situation of a depth-(k+1) tree node whose root sits at j - k:
 
-    - level 0 is the committed context: input fc([f_{j-1}; e(x_j)]), causal attention;
+    - level 0 is the committed context: input fuse(f_{j-1}, e(x_j)), causal attention;
     - level k sees the true context at positions <= j - k (level-0 keys) and its own chain at
-      positions j - k + i, i = 1..k (level-i keys), with input fc([outs[k-1][j-1]; e(x_j)])
-      (eagle) or fc([outs[k-1][j-1]; null]) (mdc).
+      positions j - k + i, i = 1..k (level-i keys), with input fuse(outs[k-1][j-1], e(x_j))
+      (eagle) or fuse(outs[k-1][j-1], null) (mdc).
 
     Queries with j < k have no valid root and must be masked out of the loss by the caller.
     """

@@ -17,7 +17,7 @@ from specjax.config import SamplingConfig, SpecConfig, TreeConfig
 from specjax.models.drafter import DrafterConfig, DrafterNet, target_parts
 from specjax.train.checkpoint import load_drafter, save_drafter, write_card
 from specjax.train.data import DistillConfig, build_dataset, draft_vocabulary, load_dataset
-from specjax.train.trainer import TrainConfig, train
+from specjax.train.trainer import TrainConfig, feature_scale, train
 
 # The tree every card's tau is measured with: 31 draft nodes, depth 6, top-8 expansion.
 CARD_TREE = TreeConfig.dynamic(31, 6, 8)
@@ -110,7 +110,13 @@ def train_drafter(
         data, recipe.draft_vocab, target.config.vocab_size, () if eos is None else (eos,)
     )
     cfg = DrafterConfig(kind=recipe.kind, target=target.config, draft_vocab_size=len(vocab))
-    net = DrafterNet(cfg, vocab, rngs=nnx.Rngs(recipe.train.seed), target=target)
+    net = DrafterNet(
+        cfg,
+        vocab,
+        rngs=nnx.Rngs(recipe.train.seed),
+        target=target,
+        input_scale=feature_scale(data),
+    )
     summary = train(net, target_parts(target, net.draft_vocab[...]), data, recipe.train, log=log)
     save_drafter(net, out_dir, target_name=name)
     log(f"[train-drafter] saved to {out_dir}; measuring tau")
