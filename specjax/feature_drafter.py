@@ -231,15 +231,17 @@ class FeatureDrafter(nnx.Module):
     # -- kind-specific hooks -------------------------------------------------------------------
 
     def _expansion(self, state, parts, ctx, root_emb, depth, sampling):
+        """(state, step, root_state, reused_slots [B, Dp]) for tree.expand_topk."""
         raise NotImplementedError
 
     def _shift_chain(self, state, shift, live):
+        """Carry what survives a commit of shift [B] positions (nothing, for eagle)."""
         return state
 
 
 class EagleDrafter(FeatureDrafter):
     """EAGLE-style feature drafter: every tree node is one layer call on
-    fc([parent's predicted feature; embedding of the node's token]), attending to the committed
+    fuse(parent's predicted feature, embedding of the node's token), attending to the committed
     cache and to the node's ancestors (each frontier slot carries its ancestors' keys/values)."""
 
     def _expansion(self, state, parts, ctx, root_emb, depth, sampling):
@@ -300,7 +302,7 @@ class HiddenStateDrafter(FeatureDrafter):
         self.reuse = reuse
         self.reuse_root = reuse_root
 
-    def _chain(self, state, parts, ctx, root_emb, depth):
+    def _chain(self, state, root_emb, depth):
         """Complete the chain: slot d = h_{d+1} at position lengths + d, reusing valid slots.
         Returns (state with the new chain, reused_slots [B, Dp] bool)."""
         net, cache = self.net, state.cache
@@ -351,7 +353,7 @@ class HiddenStateDrafter(FeatureDrafter):
         return state, reusable
 
     def _expansion(self, state, parts, ctx, root_emb, depth, sampling):
-        state, reused_slots = self._chain(state, parts, ctx, root_emb, depth)
+        state, reused_slots = self._chain(state, root_emb, depth)
         net, h = self.net, state.chain_h
         vocab = net.draft_vocab[...]
 
