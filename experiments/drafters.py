@@ -63,7 +63,7 @@ SUITES = (
             name="SmolLM2-135M-Instruct",
             model=SMOLLM2,
             kind="chat",
-            datasets=(Dataset.named("mt_bench", 8, 128), Dataset.named("qa", 8, 128)),
+            datasets=(Dataset.named("mt_bench", 6, 96), Dataset.named("qa", 6, 96)),
             methods=(
                 Method(kind=AR),
                 Method(kind=SPEC, drafter="self:8", tree=TreeConfig(branching=(3, 1))),
@@ -172,7 +172,7 @@ def plot_tau_vs_budget(rows, path: Path) -> Path | None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--reps", type=int, default=2)
+    parser.add_argument("--reps", type=int, default=1, help="interleaved repetitions")
     parser.add_argument("--out", default=str(RESULTS / "drafters.md"))
     args = parser.parse_args(argv)
     out = Path(args.out)
