@@ -17,6 +17,8 @@ import sys
 import time
 from pathlib import Path
 
+import jax
+
 from specjax.bench import (
     AR,
     SPEC,
@@ -209,6 +211,9 @@ def main(argv=None) -> int:
             reuse += reuse_lines(
                 suite.name, first.name, temperature, reuse_stats(suite, target, first, temperature)
             )
+            # Dozens of compiled programs per block: dropping them keeps one process within the
+            # machine's memory (XLA:CPU ran out of code memory without this).
+            jax.clear_caches()
     suites = [s for s, _ in SUITES]
     settings = header_settings(
         suites,
