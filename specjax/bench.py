@@ -888,6 +888,7 @@ def run_suites(
         rows += bench(
             target, prompt_sets, suite.methods, temperatures=temperatures, reps=reps, hf=hf, log=log
         )
+        jax.clear_caches()  # many compiled programs per suite: keep one process within memory
     return rows, described
 
 
