@@ -53,8 +53,10 @@ class FeatureDrafterState:
     tree_tokens [B, N]: the last proposed tree (commit reads the accepted tokens from it).
     chain_h [B, Dp, M], chain_k / chain_v [B, Dp, K, D]: the mdc chain, slot d at position
     lengths + d (empty for eagle); chain_valid [B, Dp]: slots reusable by the next proposal.
-    drafted / reused / chain_calls [B]: statistics (draft nodes proposed, nodes drafted from a
-    reused hidden state, chain layer calls made)."""
+    drafted / reused / chain_calls [B]: statistics over the steps the row was live (draft nodes
+    proposed, nodes drafted from a reused hidden state, chain layer calls made); pending [B, 3]:
+    the last proposal's counts, added to the totals by commit when the row was live (the loop
+    keeps proposing for finished rows while others run)."""
 
     cache: KVCache
     last_feature: jax.Array
@@ -66,6 +68,7 @@ class FeatureDrafterState:
     drafted: jax.Array
     reused: jax.Array
     chain_calls: jax.Array
+    pending: jax.Array
 
 
 def tree_budget(tree: TreeConfig) -> tuple[int, int, int]:
@@ -153,6 +156,7 @@ class FeatureDrafter(nnx.Module):
             drafted=zeros_b,
             reused=zeros_b,
             chain_calls=zeros_b,
+            pending=jnp.zeros((b, 3), jnp.int32),
         )
 
     def propose(
@@ -169,7 +173,7 @@ class FeatureDrafter(nnx.Module):
         parts = self._parts(target)
         n_nodes, depth, topk = tree_budget(config.tree)
         root_emb = jnp.take(parts.embed, ctx.root, axis=0)  # [B, M]
-        state, step, root_state, reused_slots = self._expansion(
+        state, step, root_state, reused_slots, calls = self._expansion(
             state, parts, ctx, root_emb, depth, sampling
         )
         b = ctx.root.shape[0]
@@ -193,11 +197,8 @@ class FeatureDrafter(nnx.Module):
         from_reuse = drafted & jnp.take_along_axis(
             slot_reused, jnp.clip(tree.depth - 1, 0, depth - 1), axis=1
         )
-        state = state.replace(
-            tree_tokens=tree.tokens,
-            drafted=state.drafted + jnp.sum(drafted, axis=1),
-            reused=state.reused + jnp.sum(from_reuse, axis=1),
-        )
+        counts = jnp.stack([jnp.sum(drafted, 1), jnp.sum(from_reuse, 1), calls], axis=1)
+        state = state.replace(tree_tokens=tree.tokens, pending=counts.astype(jnp.int32))
         return tree, state
 
     def commit(
@@ -215,9 +216,13 @@ class FeatureDrafter(nnx.Module):
         positions = state.cache.lengths[:, None] + jnp.arange(p, dtype=jnp.int32)[None, :]
         _, cache = self._block(x, positions, state.cache, causal_mask(b, p), "reference")
         last = jnp.take_along_axis(feats, n_acc[:, None, None], axis=1)[:, 0]
+        counted = jnp.where(live[:, None], state.pending, 0)
         state = state.replace(
             cache=cache.replace(lengths=cache.lengths + advance),
             last_feature=jnp.where(live[:, None], last.astype(jnp.float32), state.last_feature),
+            drafted=state.drafted + counted[:, 0],
+            reused=state.reused + counted[:, 1],
+            chain_calls=state.chain_calls + counted[:, 2],
         )
         return self._shift_chain(state, n_acc + 1, live)
 
@@ -231,7 +236,8 @@ class FeatureDrafter(nnx.Module):
     # -- kind-specific hooks -------------------------------------------------------------------
 
     def _expansion(self, state, parts, ctx, root_emb, depth, sampling):
-        """(state, step, root_state, reused_slots [B, Dp]) for tree.expand_topk."""
+        """(state, step, root_state, reused_slots [B, Dp], chain layer calls [B]) for
+        tree.expand_topk."""
         raise NotImplementedError
 
     def _shift_chain(self, state, shift, live):
@@ -282,8 +288,8 @@ class EagleDrafter(FeatureDrafter):
             "hv": kv,
             "depth": jnp.zeros((b,), jnp.int32),
         }
-        calls = state.chain_calls + depth  # one (frontier-wide) layer call per level
-        return state.replace(chain_calls=calls), step, root_state, jnp.zeros((b, 0), bool)
+        calls = jnp.full((b,), depth, jnp.int32)  # one (frontier-wide) layer call per level
+        return state, step, root_state, jnp.zeros((b, 0), bool), calls
 
 
 class HiddenStateDrafter(FeatureDrafter):
@@ -304,7 +310,7 @@ class HiddenStateDrafter(FeatureDrafter):
 
     def _chain(self, state, root_emb, depth):
         """Complete the chain: slot d = h_{d+1} at position lengths + d, reusing valid slots.
-        Returns (state with the new chain, reused_slots [B, Dp] bool)."""
+        Returns (state with the new chain, reused_slots [B, Dp] bool, layer calls [B])."""
         net, cache = self.net, state.cache
         s = cache.max_len
         ctx_mask = (jnp.arange(s)[None, :] < cache.lengths[:, None])[:, None, :]  # [B, 1, S]
@@ -312,7 +318,7 @@ class HiddenStateDrafter(FeatureDrafter):
         reusable = state.chain_valid if self.reuse else jnp.zeros_like(state.chain_valid)
         if not self.reuse_root:  # slot 0 is where the verified hidden state enters: recompute
             reusable = reusable.at[:, :1].set(False)
-        calls = state.chain_calls
+        calls = jnp.zeros_like(state.chain_calls)
         for d in range(depth):
             # The first slot starts from the target's own last hidden state and the root token;
             # deeper slots continue the recurrence on the previous predicted hidden state.
@@ -348,12 +354,11 @@ class HiddenStateDrafter(FeatureDrafter):
             chain_k=k_hist,
             chain_v=v_hist,
             chain_valid=jnp.ones_like(state.chain_valid),
-            chain_calls=calls,
         )
-        return state, reusable
+        return state, reusable, calls
 
     def _expansion(self, state, parts, ctx, root_emb, depth, sampling):
-        state, reused_slots = self._chain(state, root_emb, depth)
+        state, reused_slots, calls = self._chain(state, root_emb, depth)
         net, h = self.net, state.chain_h
         vocab = net.draft_vocab[...]
 
@@ -367,7 +372,7 @@ class HiddenStateDrafter(FeatureDrafter):
             return logp, {"depth": d + 1}
 
         root_state = {"depth": jnp.zeros((ctx.root.shape[0],), jnp.int32)}
-        return state, step, root_state, reused_slots
+        return state, step, root_state, reused_slots, calls
 
     def _shift_chain(self, state, shift, live):
         """After accepting shift - 1 tokens, old slot d + shift is new slot d (same position)."""
