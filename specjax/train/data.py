@@ -205,6 +205,12 @@ class Dataset:
     def answer_tokens(self) -> int:
         return int((self.lengths - self.prompt_lens).sum())
 
+    def answer_ids(self) -> np.ndarray:
+        """The ids of every answer token (the target's writing, prompts excluded), flat."""
+        pos = np.arange(self.tokens.shape[1])[None, :]
+        answer = (pos >= self.prompt_lens[:, None]) & (pos < self.lengths[:, None])
+        return self.tokens[answer]
+
 
 def load_dataset(data_dir: str | Path) -> Dataset:
     shards = sorted(Path(data_dir).glob("shard_*.npz"))
@@ -235,9 +241,7 @@ def draft_vocabulary(data: Dataset, size: int, vocab_size: int, must_have=()) ->
     """The `size` most frequent answer tokens (ties toward lower ids), plus `must_have` ids (e.g.
     EOS), sorted. Returns int32 [U] with U = min(size, vocab_size)."""
     size = min(size, vocab_size)
-    answer = np.arange(data.tokens.shape[1])[None, :] >= data.prompt_lens[:, None]
-    answer &= np.arange(data.tokens.shape[1])[None, :] < data.lengths[:, None]
-    counts = np.bincount(data.tokens[answer], minlength=vocab_size).astype(np.float64)
+    counts = np.bincount(data.answer_ids(), minlength=vocab_size).astype(np.float64)
     counts[list(must_have)] = np.inf
     chosen = np.argsort(-counts, kind="stable")[:size]
     return np.sort(chosen).astype(np.int32)

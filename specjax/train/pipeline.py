@@ -159,9 +159,7 @@ def train_drafter(
 
 
 def _coverage(data, vocab: np.ndarray) -> float:
-    pos = np.arange(data.tokens.shape[1])[None, :]
-    answer = (pos >= data.prompt_lens[:, None]) & (pos < data.lengths[:, None])
-    return float(np.isin(data.tokens[answer], vocab).mean())
+    return float(np.isin(data.answer_ids(), vocab).mean())
 
 
 def _shared_relative(path) -> str:
