@@ -69,21 +69,20 @@ def is_feature_drafter(spec: str) -> bool:
     return (Path(split_drafter_switch(spec)[0]) / "drafter.json").exists()
 
 
-# Ablation switches of a trained hidden-state drafter, spelled DIR:SWITCH.
-DRAFTER_SWITCHES = {"noreuse": {"reuse": False}, "reuseroot": {"reuse_root": True}}
-
-
 def split_drafter_switch(spec: str) -> tuple[str, dict]:
-    """ "checkpoints/smollm2-mdc:noreuse" -> ("checkpoints/smollm2-mdc", {"reuse": False})."""
+    """Ablation switches of a trained hidden-state drafter, spelled DIR:SWITCH:
+    "DIR:noreuse" -> (DIR, {"reuse": False}); "DIR:fresh2" -> (DIR, {"fresh_slots": 2})."""
     head, _, switch = spec.rpartition(":")
-    if head and switch in DRAFTER_SWITCHES:
-        return head, DRAFTER_SWITCHES[switch]
+    if head and switch == "noreuse":
+        return head, {"reuse": False}
+    if head and switch.startswith("fresh") and switch[5:].isdigit():
+        return head, {"fresh_slots": int(switch[5:])}
     return spec, {}
 
 
 def make_drafter(spec: str, target_loaded):
     """--drafter PATH (a draft model sharing the target's vocabulary, or a trained feature drafter
-    directory from `specjax train-drafter`, optionally DIR:noreuse / DIR:reuseroot) or self:K."""
+    directory from `specjax train-drafter`, optionally DIR:noreuse / DIR:freshN) or self:K."""
     import specjax
     from specjax.drafting import LMDrafter
 

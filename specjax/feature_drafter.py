@@ -292,21 +292,36 @@ class EagleDrafter(FeatureDrafter):
         return state, step, root_state, jnp.zeros((b, 0), bool), calls
 
 
+# Leading chain slots recomputed every step by default (see HiddenStateDrafter).
+DEFAULT_FRESH_SLOTS = 2
+
+
 class HiddenStateDrafter(FeatureDrafter):
     """Hidden-state drafter (Make Every Draft Count): a chain of predicted hidden states, one layer
     call per depth (never consuming a draft token), token information injected at the readout,
     and reuse of the chain after a rejection.
 
-    reuse=False recomputes the whole chain every step (the ablation). reuse_root=True also reuses
-    the first slot (the new root's hidden state) instead of recomputing it from the target's
-    verified hidden state and the corrected token; by default it is recomputed, because it is
-    the only slot that sees fresh target information and costs one layer call (measured in
-    experiments/results/drafters.md)."""
+    reuse=False recomputes the whole chain every step (the ablation). fresh_slots: how many
+    leading chain slots are recomputed every step even with reuse on. Slot 0 is where the
+    target's verified hidden state and the corrected token enter, and the slots after it were
+    predicted from the previous root, under the drafter's own guess of the tokens the target
+    just rejected; recomputing the first few trades a few layer calls for fresher hidden states
+    where acceptance matters most (the trade is measured in experiments/results/drafters.md).
+    fresh_slots=0 reuses every valid slot, fresh_slots >= depth is the same as reuse=False."""
 
-    def __init__(self, net: DrafterNet, target, *, reuse: bool = True, reuse_root: bool = False):
+    def __init__(
+        self,
+        net: DrafterNet,
+        target,
+        *,
+        reuse: bool = True,
+        fresh_slots: int = DEFAULT_FRESH_SLOTS,
+    ):
+        if fresh_slots < 0:
+            raise ValueError(f"fresh_slots must be >= 0, got {fresh_slots}")
         super().__init__(net, target)
         self.reuse = reuse
-        self.reuse_root = reuse_root
+        self.fresh_slots = fresh_slots
 
     def _chain(self, state, root_emb, depth):
         """Complete the chain: slot d = h_{d+1} at position lengths + d, reusing valid slots.
@@ -316,8 +331,7 @@ class HiddenStateDrafter(FeatureDrafter):
         ctx_mask = (jnp.arange(s)[None, :] < cache.lengths[:, None])[:, None, :]  # [B, 1, S]
         h, k_hist, v_hist = state.chain_h, state.chain_k, state.chain_v
         reusable = state.chain_valid if self.reuse else jnp.zeros_like(state.chain_valid)
-        if not self.reuse_root:  # slot 0 is where the verified hidden state enters: recompute
-            reusable = reusable.at[:, :1].set(False)
+        reusable = reusable.at[:, : self.fresh_slots].set(False)
         calls = jnp.zeros_like(state.chain_calls)
         for d in range(depth):
             # The first slot starts from the target's own last hidden state and the root token;
@@ -337,6 +351,7 @@ class HiddenStateDrafter(FeatureDrafter):
                     k_hist[:, None],
                     v_hist[:, None],
                     jnp.broadcast_to(jnp.arange(depth) < d, (x.shape[0], 1, depth)),
+                    chain=d > 0,
                 )
                 return out[:, 0], k[:, 0], v[:, 0]
 

@@ -32,12 +32,16 @@ from specjax.train.trainer import TrainConfig, train
 KINDS = {"mdc": HiddenStateDrafter, "eagle": EagleDrafter}
 
 
-def make_drafter(kind, target, seed=0, reuse=True, scale=1.0):
+def make_drafter(kind, target, seed=0, reuse=True, scale=1.0, fresh_slots=1):
+    """A random drafter; mdc recomputes only the root's slot (fresh_slots=1), so that shallow
+    test trees still reuse much of the chain."""
     cfg = DrafterConfig(kind=kind, target=target.config, draft_vocab_size=target.config.vocab_size)
     net = DrafterNet(cfg, np.arange(cfg.draft_vocab_size), rngs=nnx.Rngs(seed), target=target)
     net.fc.set_value(net.fc[...] * scale)
-    if kind == "mdc":
-        return HiddenStateDrafter(net, target, reuse=reuse)
+    if kind == "mdc":  # a readout MLP that is not the identity
+        down = net.readout_down
+        down.set_value(jax.random.normal(jax.random.key(seed + 1), down.shape) / down.shape[0])
+        return HiddenStateDrafter(net, target, reuse=reuse, fresh_slots=fresh_slots)
     return EagleDrafter(net, target)
 
 

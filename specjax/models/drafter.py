@@ -21,15 +21,23 @@ committed tokens:
   predicted hidden states h_1..h_depth is one layer call per depth whatever the tree holds, and
   token information is injected afterwards, at the readout:
 
-      logits(node at depth d with parent token y) = head(inject h_d + norm(info_proj embed(y)))
+      z = inject h_d + norm(info_proj embed(y))          (y: the node's parent token)
+      logits(node) = head(z + readout_mlp(norm(z)))
 
   (public notes on the paper: LMHead(W h + normalised token-information embedding of the parent
   token)). The paper is silent on the token-information embedding; we project the target's own
-  embedding (info_proj, M x M, zero-initialised norm scale 0.1) rather than learn a V x M table,
-  which keeps the drafter's own weights small enough to ship.
+  embedding (info_proj, M x M) rather than learn a V x M table, which keeps the drafter's own
+  weights small enough to ship. The SwiGLU readout MLP (width F, down projection starting at
+  zero) is our addition: h_d never saw the tokens between the root and y, and a linear injection
+  can only add a token-dependent bias; with the MLP, unrolled-level agreement on stories260K went
+  from 0.70/0.67/0.60/0.55 to 0.74/0.73/0.68/0.63 at the same data and steps.
 
-Where the paper is silent we also chose: the decoder layer is initialised from the target's last
-layer (a good prior for mapping residual-stream vectors to residual-stream vectors); the draft
+Where the paper is silent we also chose: mdc runs its chain steps with a second decoder layer of
+its own (the context layer reads verified tokens with the target's hidden states, the chain layer
+extrapolates its own predictions; one layer for both did worse at depth: unrolled-level agreement
+0.74/0.73/0.68/0.63 shared vs 0.75/0.74/0.70/0.66 separate on stories260K, tau without reuse
+4.90 vs 5.07); the decoder layers are initialised from the target's last layer (a good prior for
+mapping residual-stream vectors to residual-stream vectors); the draft
 vocabulary is the U most frequent tokens of the training answers (the compressed draft vocabulary),
 so both the LM-head cost of drafting and of training scale with U, not V.
 
@@ -131,19 +139,37 @@ class DrafterNet(nnx.Module):
         noise = 0.02 * jax.random.normal(rngs.params(), (2 * m, m)) / jnp.sqrt(m)
         self.fc = nnx.Param((eye + noise).astype(jnp.float32))
         self.layers = Layers(cfg.layer, rngs=rngs)
+        if cfg.kind == "mdc":
+            # The chain (null-input steps) has its own layer: the context layer reads verified
+            # tokens with the target's hidden states, the chain layer extrapolates its own
+            # predictions, and one set of weights serving both did worse at depth.
+            self.chain_layers = Layers(cfg.layer, rngs=rngs)
         if target is not None:  # start from the target's last layer
             last = target.config.n_layers - 1
-            for name in LAYER_WEIGHTS:
-                if hasattr(self.layers, name):
-                    src = getattr(target.layers, name)[...][last : last + 1]
-                    getattr(self.layers, name).set_value(src.astype(jnp.float32))
+            for layers in (self.layers, getattr(self, "chain_layers", None)):
+                for name in LAYER_WEIGHTS:
+                    if layers is not None and hasattr(layers, name):
+                        src = getattr(target.layers, name)[...][last : last + 1]
+                        getattr(layers, name).set_value(src.astype(jnp.float32))
         if cfg.kind == "mdc":
             self.null_token = nnx.Param(0.02 * jax.random.normal(rngs.params(), (m,)))
             self.inject = nnx.Param(jnp.eye(m, dtype=jnp.float32))
             self.info_proj = nnx.Param(
                 jax.random.normal(rngs.params(), (m, m), jnp.float32) / jnp.sqrt(m)
             )
-            self.info_norm = nnx.Param(jnp.full((m,), 0.1, jnp.float32))
+            self.info_norm = nnx.Param(jnp.full((m,), input_scale, jnp.float32))
+            # The readout MLP mixes the chain's hidden state with the injected token (a linear
+            # injection alone adds a token-dependent bias, a bigram at best). Its down projection
+            # starts at zero, so training starts from the linear injection.
+            f = cfg.target.ffn_dim
+            self.readout_norm = nnx.Param(jnp.ones((m,), jnp.float32))
+            self.readout_gate = nnx.Param(
+                jax.random.normal(rngs.params(), (m, f), jnp.float32) / jnp.sqrt(m)
+            )
+            self.readout_up = nnx.Param(
+                jax.random.normal(rngs.params(), (m, f), jnp.float32) / jnp.sqrt(m)
+            )
+            self.readout_down = nnx.Param(jnp.zeros((f, m), jnp.float32))
 
     # -- inputs and readouts -------------------------------------------------------------------
 
@@ -174,17 +200,26 @@ class DrafterNet(nnx.Module):
                 parent_emb.astype(jnp.float32) @ self.info_proj[...], self.info_norm[...], eps
             )
             x = out @ self.inject[...] + info
+            mlp = {
+                "w_gate": self.readout_gate[...],
+                "w_up": self.readout_up[...],
+                "w_down": self.readout_down[...],
+            }
+            x = x + swiglu(mlp, rms_norm(x, self.readout_norm[...], eps))
         return (rms_norm(x, parts.final_norm, eps) @ parts.head_u).astype(jnp.float32)
 
     # -- the decoder layer ---------------------------------------------------------------------
 
-    def _layer(self) -> dict:
-        return {n: w[0] for n, w in self.layers.arrays().items()}
+    def _layer(self, chain: bool = False) -> dict:
+        """The decoder layer's weights: the mdc chain layer when chain (mdc only), else the
+        context layer (eagle uses one layer everywhere)."""
+        layers = self.chain_layers if chain and self.config.kind == "mdc" else self.layers
+        return {n: w[0] for n, w in layers.arrays().items()}
 
-    def qkv(self, x: jax.Array, positions: jax.Array):
+    def qkv(self, x: jax.Array, positions: jax.Array, chain: bool = False):
         """x [B, T, M], positions [B, T] -> q [B, T, H, D], k, v [B, T, K, D] (RoPE applied)."""
         cfg = self.config.target
-        p = self._layer()
+        p = self._layer(chain)
         b, t, _ = x.shape
         h = rms_norm(x, p["attn_norm"], cfg.norm_eps)
         q, k, v = h @ p["wq"], h @ p["wk"], h @ p["wv"]
@@ -195,16 +230,17 @@ class DrafterNet(nnx.Module):
         k = apply_rope(k.reshape(b, t, cfg.n_kv_heads, cfg.head_dim), cos, sin, cfg.rope_layout)
         return q, k, v.reshape(b, t, cfg.n_kv_heads, cfg.head_dim)
 
-    def finish(self, x: jax.Array, attn: jax.Array) -> jax.Array:
+    def finish(self, x: jax.Array, attn: jax.Array, chain: bool = False) -> jax.Array:
         """Residual + output projection + SwiGLU: x [B, T, M], attn [B, T, H, D] -> [B, T, M]."""
         cfg = self.config.target
-        p = self._layer()
+        p = self._layer(chain)
         b, t = x.shape[:2]
         x = x + attn.reshape(b, t, -1) @ p["wo"]
         return x + swiglu(p, rms_norm(x, p["mlp_norm"], cfg.norm_eps))
 
-    def step(self, x, positions, ctx_k, ctx_v, ctx_mask, ext_k, ext_v, ext_mask):
-        """One layer call whose queries see context keys and per-query extra keys.
+    def step(self, x, positions, ctx_k, ctx_v, ctx_mask, ext_k, ext_v, ext_mask, chain=False):
+        """One layer call whose queries see context keys and per-query extra keys (with the
+        chain layer when chain, see _layer).
 
         x [B, T, M] inputs at positions [B, T]; ctx_k/ctx_v [B, S, K, D] with ctx_mask [B, T, S]
         (e.g. the committed cache, s < lengths); ext_k/ext_v [B, T, E, K, D] with ext_mask
@@ -212,12 +248,12 @@ class DrafterNet(nnx.Module):
         own key is appended. Returns (out [B, T, M], k [B, T, K, D], v [B, T, K, D]): the new keys
         and values of the queries, for the caller to keep.
         """
-        q, k, v = self.qkv(x, positions)
+        q, k, v = self.qkv(x, positions, chain)
         ext_k = jnp.concatenate([ext_k, k[:, :, None]], axis=2)
         ext_v = jnp.concatenate([ext_v, v[:, :, None]], axis=2)
         ext_mask = jnp.concatenate([ext_mask, jnp.ones(ext_mask.shape[:2] + (1,), bool)], axis=2)
         attn = attend_context_and_extra(q, ctx_k, ctx_v, ctx_mask, ext_k, ext_v, ext_mask)
-        return self.finish(x, attn), k, v
+        return self.finish(x, attn, chain), k, v
 
 
 def attend_context_and_extra(q, ctx_k, ctx_v, ctx_mask, ext_k, ext_v, ext_mask):
@@ -287,7 +323,7 @@ def unrolled_outputs(
         ext_k = jnp.stack(ext_k, axis=2) if ext_k else empty
         ext_v = jnp.stack(ext_v, axis=2) if ext_v else empty
         ext_mask = jnp.ones((b, t, lvl - 1), bool)
-        out, k, v = net.step(x, positions, k0, v0, ctx_mask, ext_k, ext_v, ext_mask)
+        out, k, v = net.step(x, positions, k0, v0, ctx_mask, ext_k, ext_v, ext_mask, chain=True)
         outs.append(out)
         chain_k.append(k)
         chain_v.append(v)

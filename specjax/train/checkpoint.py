@@ -105,17 +105,18 @@ def load_drafter_net(path: str | Path) -> DrafterNet:
     return net
 
 
-def load_drafter(path: str | Path, target, *, reuse: bool = True, reuse_root: bool = False):
+def load_drafter(path: str | Path, target, *, reuse: bool = True, fresh_slots: int | None = None):
     """A Drafter (HiddenStateDrafter or EagleDrafter) from a drafter directory, bound to
     `target` (a specjax Llama, or a specjax.Loaded). Raises ValueError when the drafter was
-    trained for a target of other shapes or vocabulary. reuse / reuse_root: the mdc draft-reuse
-    switches (see HiddenStateDrafter)."""
+    trained for a target of other shapes or vocabulary. reuse / fresh_slots: the mdc draft-reuse
+    switches (see HiddenStateDrafter; None: its default)."""
     from specjax.feature_drafter import EagleDrafter, HiddenStateDrafter
 
     model = getattr(target, "model", target)
     net = load_drafter_net(path)
     if net.config.kind == "mdc":
-        drafter = HiddenStateDrafter(net, model, reuse=reuse, reuse_root=reuse_root)
+        fresh = {} if fresh_slots is None else {"fresh_slots": fresh_slots}
+        drafter = HiddenStateDrafter(net, model, reuse=reuse, **fresh)
     else:
         drafter = EagleDrafter(net, model)
     drafter.check_compatible(model)
