@@ -293,7 +293,7 @@ class EagleDrafter(FeatureDrafter):
 
 
 # Leading chain slots recomputed every step by default (see HiddenStateDrafter).
-DEFAULT_FRESH_SLOTS = 2
+DEFAULT_FRESH_SLOTS = 3
 
 
 class HiddenStateDrafter(FeatureDrafter):
