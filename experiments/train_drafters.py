@@ -5,6 +5,7 @@ a training card that states the measured tau.
     python experiments/train_drafters.py                          # all four
     python experiments/train_drafters.py --only smollm2-mdc       # one of them
     python experiments/train_drafters.py --only stories260K-eagle --steps 100   # a quick try
+    python experiments/train_drafters.py --only smollm2-mdc --remeasure   # card tau only
 
 Distillation data is cached under experiments/cache/distill/<target>/ (resumable, shared by the
 two kinds of a target).
@@ -19,7 +20,7 @@ from pathlib import Path
 
 from specjax.paths import SMOLLM2, STORIES260K, shared_path
 from specjax.train.data import DistillConfig
-from specjax.train.pipeline import DrafterRecipe, train_drafter
+from specjax.train.pipeline import DrafterRecipe, remeasure_card, train_drafter
 from specjax.train.trainer import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,9 +58,18 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=None, help="override the training steps")
     parser.add_argument("--out", default=str(ROOT / "checkpoints"))
     parser.add_argument("--eval-n", type=int, default=10, help="held-out prompts for the card")
+    parser.add_argument(
+        "--remeasure",
+        action="store_true",
+        help="no training: measure the saved drafters' tau again and rewrite their cards",
+    )
     args = parser.parse_args(argv)
     for name in args.only or sorted(RECIPES):
         target, recipe = RECIPES[name]
+        if args.remeasure:
+            tau = remeasure_card(shared_path(target), recipe, Path(args.out) / name)
+            print(f"[train-drafter] {name}: tau {tau:.2f}; card rewritten")
+            continue
         if args.steps:
             recipe = dataclasses.replace(
                 recipe, train=dataclasses.replace(recipe.train, steps=args.steps)

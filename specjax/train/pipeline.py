@@ -171,3 +171,26 @@ def _shared_relative(path) -> str:
         return "$SPECJAX_SHARED/" + str(Path(path).resolve().relative_to(shared_dir().resolve()))
     except ValueError:
         return str(path)
+
+
+def remeasure_card(
+    target_path: str | Path, recipe: DrafterRecipe, out_dir: str | Path, *, eval_n=10
+):
+    """Measure a saved drafter's tau again with the current drafting defaults (e.g. after a
+    change of the reuse settings) and rewrite the "measured tau" line of its CARD.md."""
+    import specjax
+
+    loaded = specjax.load(target_path)
+    eos = loaded.tokenizer.eos_id if loaded.tokenizer else None
+    drafter = load_drafter(out_dir, loaded.model)
+    what, prompts = eval_prompts(loaded, recipe.data_kind, eval_n)
+    greedy = measure_tau(loaded.model, drafter, prompts, eos_id=eos)
+    card = Path(out_dir) / "CARD.md"
+    lines = card.read_text().splitlines()
+    fields = dict(line[2:].split(": ", 1) for line in lines if line.startswith("- "))
+    fields["measured tau"] = (
+        f"{greedy['tau']:.2f} (greedy, {what}, 128 new tokens, tree of "
+        f"{CARD_TREE.num_nodes - 1} nodes depth {CARD_TREE.max_depth} top-{CARD_TREE.topk})"
+    )
+    write_card(out_dir, fields)
+    return greedy["tau"]
