@@ -145,11 +145,7 @@ def train_drafter(
             f"tokens seen, {summary['wall_s'] / 60:.1f} min on {jax.default_backend()}"
         ),
         "final train metrics": ", ".join(f"{k} {v:.3f}" for k, v in summary["final"].items()),
-        "measured tau": (
-            f"{greedy['tau']:.2f} (greedy, {what}, 128 new tokens, tree of "
-            f"{CARD_TREE.num_nodes - 1} nodes depth {CARD_TREE.max_depth} top-"
-            f"{CARD_TREE.topk})"
-        ),
+        "measured tau": _tau_line(greedy["tau"], what),
         "reproduce": f"python experiments/train_drafters.py --only {Path(out_dir).name}",
         "total wall time": f"{(time.perf_counter() - t_start) / 60:.1f} min",
     }
@@ -188,9 +184,14 @@ def remeasure_card(
     card = Path(out_dir) / "CARD.md"
     lines = card.read_text().splitlines()
     fields = dict(line[2:].split(": ", 1) for line in lines if line.startswith("- "))
-    fields["measured tau"] = (
-        f"{greedy['tau']:.2f} (greedy, {what}, 128 new tokens, tree of "
-        f"{CARD_TREE.num_nodes - 1} nodes depth {CARD_TREE.max_depth} top-{CARD_TREE.topk})"
-    )
+    fields["measured tau"] = _tau_line(greedy["tau"], what)
     write_card(out_dir, fields)
     return greedy["tau"]
+
+
+def _tau_line(tau: float, what: str) -> str:
+    """The card's "measured tau" value."""
+    return (
+        f"{tau:.2f} (greedy, {what}, 128 new tokens, tree of {CARD_TREE.num_nodes - 1} nodes "
+        f"depth {CARD_TREE.max_depth} top-{CARD_TREE.topk})"
+    )
