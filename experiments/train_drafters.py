@@ -6,6 +6,9 @@ a training card that states the measured tau.
     python experiments/train_drafters.py --only smollm2-mdc       # one of them
     python experiments/train_drafters.py --only stories260K-eagle --steps 100   # a quick try
     python experiments/train_drafters.py --only smollm2-mdc --remeasure   # card tau only
+    python experiments/train_drafters.py --only smollm2-mdc --extra smollm2-synthetic
+        # also train on the committed answers of experiments/answers/smollm2-synthetic
+        # (features rebuilt teacher-forced; see experiments/distill_answers.py)
 
 Distillation data is cached under experiments/cache/distill/<target>/ (resumable, shared by the
 two kinds of a target).
@@ -52,12 +55,42 @@ RECIPES = {
 }
 
 
+def committed_answer_features(name: str) -> Path:
+    """The feature directory of a committed answer set, rebuilt teacher-forced from the answers
+    where the cache lacks it (no generation: only the shards already answered are used)."""
+    from distill_answers import ANSWER_SETS, answers_dir, features_dir
+
+    import specjax
+    from specjax.train.data import build_dataset
+
+    target, cfg = ANSWER_SETS[name]
+    answered = len(list(answers_dir(name).glob("shard_*.npz")))
+    if not answered:
+        raise ValueError(f"answer set {name} is empty: run experiments/distill_answers.py")
+    # build_dataset refuses an answers directory written with other settings than cfg.
+    build_dataset(
+        specjax.load(shared_path(target)),
+        features_dir(name),
+        cfg,
+        source=str(shared_path(target)),
+        answers_dir=answers_dir(name),
+        max_shards=answered,
+    )
+    return features_dir(name)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", action="append", choices=sorted(RECIPES), default=None)
     parser.add_argument("--steps", type=int, default=None, help="override the training steps")
     parser.add_argument("--out", default=str(ROOT / "checkpoints"))
     parser.add_argument("--eval-n", type=int, default=10, help="held-out prompts for the card")
+    parser.add_argument(
+        "--extra",
+        action="append",
+        default=[],
+        help="an answer set of experiments/distill_answers.py to train on as well",
+    )
     parser.add_argument(
         "--remeasure",
         action="store_true",
@@ -79,6 +112,7 @@ def main(argv=None) -> int:
             recipe,
             Path(args.out) / name,
             data_dir=CACHE / Path(target).parent.name,
+            extra_data={extra: committed_answer_features(extra) for extra in args.extra},
             eval_n=args.eval_n,
         )
     return 0

@@ -15,9 +15,18 @@ Shards are written one by one (shard_00000.npz, ...) next to a manifest.json tha
 settings; an interrupted run resumes at the first missing shard, and a directory made with other
 settings is refused rather than mixed.
 
+Generation is the expensive part (on 2 CPU cores SmolLM2 writes ~40 answer tokens/s; a
+teacher-forced pass reads ~370 tokens/s), and the features are large (~1.2 KB per token), so an
+answers directory can be kept apart from the features: it holds the same shards without `feats`
+(a few bytes per token, small enough to commit). build_dataset(..., answers_dir=...) writes each
+new shard's answers there too, and fills a missing feature shard from an existing answer shard by
+one teacher-forced pass instead of generating again. That is how distillation data outlives the
+feature cache and grows across runs.
+
 Prompt sets (held-out sets are never used here: MT-bench and EAGLE's qa set for chat targets,
 TinyStories dev paragraphs for story targets):
-    chat:  first turns of EAGLE's alpaca, gsm8k, humaneval and sum question files, chat template;
+    chat:  first turns of EAGLE's alpaca, gsm8k, humaneval and sum question files (`sets`), plus
+           `synthetic_prompts` generated user turns (specjax.train.prompts), chat template;
     story: the first 8 words of the TinyStories train-split paragraphs in the shared data folder.
 """
 
@@ -59,10 +68,20 @@ class DistillConfig:
     max_prompt_tokens: int = 512  # longer prompts (long articles to summarise) are skipped
     batch: int = 32
     seed: int = 0
+    sets: tuple[str, ...] = CHAT_TRAIN_SETS  # chat: which EAGLE question files
+    synthetic_prompts: int = 0  # chat: generated user turns added (specjax.train.prompts)
 
     def __post_init__(self):
         if self.kind not in ("chat", "story"):
             raise ValueError(f"kind must be 'chat' or 'story', got {self.kind!r}")
+        if self.kind == "story" and self.synthetic_prompts:
+            raise ValueError("synthetic_prompts are chat prompts; the story kind has none")
+        unknown = set(self.sets) - set(CHAT_TRAIN_SETS)
+        if unknown:
+            raise ValueError(
+                f"unknown training sets {sorted(unknown)}; choose from {CHAT_TRAIN_SETS} "
+                "(the evaluation sets mt_bench and qa are never trained on)"
+            )
 
 
 def training_prompts(tokenizer, cfg: DistillConfig) -> list[list[int]]:
@@ -70,9 +89,10 @@ def training_prompts(tokenizer, cfg: DistillConfig) -> list[list[int]]:
     from specjax.bench import SPEC_BENCH_FILES, encode_question, read_spec_bench
 
     if cfg.kind == "chat":
-        texts = [
-            q.turns[0] for name in CHAT_TRAIN_SETS for q in read_spec_bench(SPEC_BENCH_FILES[name])
-        ]
+        from specjax.train.prompts import synthetic_prompts
+
+        texts = [q.turns[0] for name in cfg.sets for q in read_spec_bench(SPEC_BENCH_FILES[name])]
+        texts += synthetic_prompts(cfg.synthetic_prompts, seed=cfg.seed)
         prompts = [encode_question(tokenizer, t) for t in texts]
     else:
         text = (shared_dir() / "data" / STORY_TRAIN_FILE).read_text(encoding="utf-8")
@@ -102,61 +122,93 @@ def _pad_width(n: int, multiple: int = 64) -> int:
     return -(-n // multiple) * multiple
 
 
-def make_shard(model, prompts, *, temperature, max_new_tokens, eos_id, key) -> dict:
-    """Answers for one batch of prompts and the target's features over prompt + answer."""
-    sampling = SamplingConfig(temperature=temperature)
+def make_answers(model, prompts, *, temperature, max_new_tokens, eos_id, key) -> dict:
+    """The target's answers to one batch of prompts, as an answer shard (no features):
+    tokens [R, T] (prompt + answer, T a multiple of 64), lengths [R], prompt_lens [R]."""
     out = generate(
         model,
         prompts,
         max_new_tokens=max_new_tokens,
-        sampling=sampling,
+        sampling=SamplingConfig(temperature=temperature),
         key=key,
         eos_id=eos_id,
-        record_hidden=True,
     )
     answers, n_gen = np.asarray(out.tokens), np.asarray(out.lengths)
-    prompt_hidden, answer_hidden = (
-        np.asarray(out.stats["prompt_hidden"]),
-        np.asarray(out.stats["hidden"]),
-    )
     seqs = [list(p) + answers[i, : n_gen[i]].tolist() for i, p in enumerate(prompts)]
     lengths = np.array([len(s) for s in seqs], np.int32)
-    width = _pad_width(int(lengths.max()))
-    ids = np.zeros((len(seqs), width), np.int32)
-    feats = np.zeros((len(seqs), width, prompt_hidden.shape[-1]), np.float32)
+    ids = np.zeros((len(seqs), _pad_width(int(lengths.max()))), np.int32)
     for i, s in enumerate(seqs):
         ids[i, : len(s)] = s
-        n_prompt = len(prompts[i])
-        # Hidden states recorded while decoding (the same numbers a speculative run sees); the
-        # last answer token was never read and keeps 0 (no loss is taken there).
-        feats[i, :n_prompt] = prompt_hidden[i, :n_prompt]
-        feats[i, n_prompt : len(s)] = answer_hidden[i, : n_gen[i]]
-    if not np.isfinite(feats).all() or np.abs(feats).max() > 6e4:
-        raise ValueError("target hidden states overflow float16; store them in float32")
     return {
         "tokens": ids,
-        "feats": feats.astype(np.float16),
         "lengths": lengths,
         "prompt_lens": np.array([len(p) for p in prompts], np.int32),
     }
 
 
-def build_dataset(loaded, out_dir: str | Path, cfg: DistillConfig, *, source: str = "") -> Path:
-    """Write (or finish writing) the distillation shards of `loaded` (a specjax.Loaded) in
-    out_dir. Returns out_dir. Shows a progress bar with answer tokens per second."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    # Through JSON, so that tuples compare equal to the lists a stored manifest holds.
-    manifest = json.loads(json.dumps({"source": source, "config": dataclasses.asdict(cfg)}))
-    manifest_path = out_dir / "manifest.json"
-    if manifest_path.exists():
-        old = json.loads(manifest_path.read_text())
+def add_features(model, answers: dict, batch: int = 8) -> dict:
+    """An answer shard plus feats [R, T, M] float16: the target's last hidden state after every
+    token, from teacher-forced passes of `batch` rows. Positions past a row's length hold 0."""
+    graphdef, params = nnx.split(model)
+    tokens, lengths = answers["tokens"], answers["lengths"]
+    feats = np.zeros(tokens.shape + (model.config.d_model,), np.float32)
+    for i in range(0, len(tokens), batch):
+        rows = tokens[i : i + batch]
+        width = _pad_width(int(lengths[i : i + batch].max()))
+        pad = np.zeros((batch, width), np.int32)  # a fixed batch: one compiled program a width
+        pad[: len(rows)] = rows[:, :width]
+        hidden = np.asarray(teacher_forced_hidden(graphdef, params, jnp.asarray(pad)))
+        feats[i : i + len(rows), :width] = hidden[: len(rows)]
+    mask = np.arange(tokens.shape[1])[None, :] < lengths[:, None]
+    feats *= mask[:, :, None]
+    if not np.isfinite(feats).all() or np.abs(feats).max() > 6e4:
+        raise ValueError("target hidden states overflow float16; store them in float32")
+    return {**answers, "feats": feats.astype(np.float16)}
+
+
+def _check_manifest(directory: Path, manifest: dict) -> None:
+    """Write directory/manifest.json, refusing a directory made with other settings."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "manifest.json"
+    if path.exists():
+        old = json.loads(path.read_text())
         if old["config"] != manifest["config"]:
             raise ValueError(
-                f"{out_dir} holds data made with other settings ({old['config']}); "
+                f"{directory} holds data made with other settings ({old['config']}); "
                 "use another directory or delete it"
             )
-    manifest_path.write_text(json.dumps(manifest, indent=2))
+    path.write_text(json.dumps(manifest, indent=2) + "\n")
+
+
+def _save(path: Path, data: dict, compressed: bool = False) -> None:
+    """Write an npz atomically (a crash leaves no half-written shard behind)."""
+    tmp = path.with_suffix(".tmp.npz")
+    (np.savez_compressed if compressed else np.savez)(tmp, **data)
+    tmp.rename(path)
+
+
+def build_dataset(
+    loaded,
+    out_dir: str | Path,
+    cfg: DistillConfig,
+    *,
+    source: str = "",
+    answers_dir: str | Path | None = None,
+    max_shards: int | None = None,
+) -> Path:
+    """Write (or finish writing) the distillation shards of `loaded` (a specjax.Loaded) in
+    out_dir. Returns out_dir. Shows a progress bar with answer tokens per second.
+
+    answers_dir: where token-only answer shards are kept (see the module docstring): an existing
+    one is turned into features teacher-forced, a new one is written after generating.
+    max_shards: stop after the first this many shards (the rest come with a later call)."""
+    out_dir = Path(out_dir)
+    # Through JSON, so that tuples compare equal to the lists a stored manifest holds.
+    manifest = json.loads(json.dumps({"source": source, "config": dataclasses.asdict(cfg)}))
+    _check_manifest(out_dir, manifest)
+    if answers_dir is not None:
+        answers_dir = Path(answers_dir)
+        _check_manifest(answers_dir, {"source": Path(source).name, "config": manifest["config"]})
     tok = loaded.tokenizer
     prompts = training_prompts(tok, cfg)
     # Longest prompts first within each temperature, so shards pad little.
@@ -165,25 +217,35 @@ def build_dataset(loaded, out_dir: str | Path, cfg: DistillConfig, *, source: st
         (t, order[i : i + cfg.batch])
         for t in cfg.temperatures
         for i in range(0, len(order), cfg.batch)
-    ]
+    ][:max_shards]
     bar = tqdm(total=len(jobs), desc="distill", unit="shard")
     tokens_done = 0
     t0 = time.perf_counter()
     for shard, (temperature, idx) in enumerate(jobs):
         path = out_dir / f"shard_{shard:05d}.npz"
+        kept = None if answers_dir is None else answers_dir / path.name
         if not path.exists():
-            data = make_shard(
-                loaded.model,
-                [prompts[i] for i in idx],
-                temperature=temperature,
-                max_new_tokens=cfg.max_new_tokens,
-                eos_id=tok.eos_id,
-                key=jax.random.fold_in(jax.random.key(cfg.seed), shard),
-            )
-            tmp = path.with_suffix(".tmp.npz")
-            np.savez(tmp, **data)
-            tmp.rename(path)
-            tokens_done += int((data["lengths"] - data["prompt_lens"]).sum())
+            if kept is not None and kept.exists():
+                answers = dict(np.load(kept))
+                answers = {k: v.astype(np.int32) for k, v in answers.items()}
+            else:
+                answers = make_answers(
+                    loaded.model,
+                    [prompts[i] for i in idx],
+                    temperature=temperature,
+                    max_new_tokens=cfg.max_new_tokens,
+                    eos_id=tok.eos_id,
+                    key=jax.random.fold_in(jax.random.key(cfg.seed), shard),
+                )
+                if kept is not None:
+                    small = loaded.model.config.vocab_size <= np.iinfo(np.uint16).max + 1
+                    compact = {
+                        k: v.astype(np.uint16) if k == "tokens" and small else v
+                        for k, v in answers.items()
+                    }
+                    _save(kept, compact, compressed=True)
+            _save(path, add_features(loaded.model, answers))
+            tokens_done += int((answers["lengths"] - answers["prompt_lens"]).sum())
             bar.set_postfix(answer_tok_s=f"{tokens_done / (time.perf_counter() - t0):.0f}")
         bar.update(1)
     bar.close()
@@ -212,11 +274,12 @@ class Dataset:
         return self.tokens[answer]
 
 
-def load_dataset(data_dir: str | Path) -> Dataset:
-    shards = sorted(Path(data_dir).glob("shard_*.npz"))
+def load_dataset(*data_dirs: str | Path) -> Dataset:
+    """All shards of one or more distillation directories, as one Dataset."""
+    shards = [s for d in data_dirs for s in sorted(Path(d).glob("shard_*.npz"))]
     shards = [s for s in shards if not s.name.endswith(".tmp.npz")]
     if not shards:
-        raise ValueError(f"{data_dir}: no distillation shards (run build_dataset first)")
+        raise ValueError(f"{data_dirs}: no distillation shards (run build_dataset first)")
     parts = [dict(np.load(s)) for s in shards]
     width = max(p["tokens"].shape[1] for p in parts)
     m = parts[0]["feats"].shape[2]

@@ -87,11 +87,15 @@ def train_drafter(
     out_dir: str | Path,
     *,
     data_dir: str | Path,
+    extra_data: dict[str, Path] | None = None,
     eval_n: int = 10,
     log=print,
 ) -> Path:
     """Distill (resumable, shared between kinds through data_dir), train, save to out_dir, measure
-    tau on held-out prompts and write CARD.md. Returns out_dir."""
+    tau on held-out prompts and write CARD.md. Returns out_dir.
+
+    extra_data: name -> directory of further distillation shards (already built, e.g. from
+    committed answers) trained on together with the recipe's own data; the card names them."""
     import specjax
 
     t_start = time.perf_counter()
@@ -100,7 +104,8 @@ def train_drafter(
     name = Path(target_path).stem
     log(f"[train-drafter] distilling {name} answers into {data_dir}")
     build_dataset(loaded, data_dir, recipe.distill, source=str(target_path))
-    data = load_dataset(data_dir)
+    extra_data = extra_data or {}
+    data = load_dataset(data_dir, *extra_data.values())
     log(
         f"[train-drafter] {len(data.lengths)} sequences, {data.answer_tokens} answer tokens, "
         f"width {data.tokens.shape[1]}"
@@ -136,6 +141,7 @@ def train_drafter(
             f"{len(data.lengths)} target-written answers ({data.answer_tokens} tokens) to "
             f"{prompt_sets} at temperatures {recipe.distill.temperatures}, "
             f"<= {recipe.distill.max_new_tokens} new tokens each"
+            + (f", plus the answer sets {', '.join(extra_data)}" if extra_data else "")
         ),
         "draft vocabulary": f"{len(vocab)} most frequent answer tokens "
         f"(cover {coverage:.1%} of answer tokens)",

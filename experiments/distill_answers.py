@@ -1,0 +1,61 @@
+"""Grow the committed distillation answers: the target answers more training prompts, and the
+token-only answer shards land in experiments/answers/ (small enough to commit), with the features
+in the gitignored cache.
+
+    python experiments/distill_answers.py                  # SmolLM2, synthetic chat prompts
+    python experiments/distill_answers.py --shards 10      # stop after 10 new shards
+
+Resumable: shards already answered are skipped (their features are rebuilt teacher-forced when
+the cache lacks them), so each run adds to what earlier runs wrote.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from specjax.paths import SMOLLM2, shared_path
+from specjax.train.data import DistillConfig, build_dataset
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Greedy answers (the decoding the drafters are measured with) to generated user turns.
+SYNTHETIC_CHAT = DistillConfig(
+    kind="chat", sets=(), synthetic_prompts=2048, temperatures=(0.0,), max_new_tokens=192, batch=32
+)
+
+# name -> (target checkpoint under the shared folder, distillation settings)
+ANSWER_SETS = {"smollm2-synthetic": (SMOLLM2, SYNTHETIC_CHAT)}
+
+
+def answers_dir(name: str) -> Path:
+    return ROOT / "experiments" / "answers" / name
+
+
+def features_dir(name: str) -> Path:
+    return ROOT / "experiments" / "cache" / "distill" / name
+
+
+def main(argv=None) -> int:
+    import specjax
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--set", default="smollm2-synthetic", choices=sorted(ANSWER_SETS))
+    parser.add_argument("--shards", type=int, default=None, help="at most this many shards")
+    args = parser.parse_args(argv)
+    target, cfg = ANSWER_SETS[args.set]
+    loaded = specjax.load(shared_path(target))
+    build_dataset(
+        loaded,
+        features_dir(args.set),
+        cfg,
+        source=str(shared_path(target)),
+        answers_dir=answers_dir(args.set),
+        max_shards=args.shards,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

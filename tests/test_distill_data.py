@@ -1,0 +1,136 @@
+"""Distillation data: answers kept apart from features and rebuilt teacher-forced, settings
+guarded, synthetic chat prompts."""
+
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import specjax
+from specjax.config import TINY, SamplingConfig
+from specjax.train.data import (
+    DistillConfig,
+    add_features,
+    build_dataset,
+    load_dataset,
+    teacher_forced_hidden,
+    training_prompts,
+)
+from specjax.train.prompts import synthetic_prompts
+
+
+class ByteTokenizer:
+    """Characters to ids below the tiny vocabulary; a chat template so the chat prompt sets
+    apply."""
+
+    eos_id = 2
+    chat_template = "{{ messages }}"
+
+    def apply_chat(self, messages, add_generation_prompt=True):
+        return messages[-1]["content"]
+
+    def encode(self, text, bos=True):
+        return ([1] if bos else []) + [3 + ord(c) % (TINY.vocab_size - 3) for c in text[:20]]
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    return types.SimpleNamespace(
+        model=specjax.Llama(TINY, rngs=nnx.Rngs(0)), tokenizer=ByteTokenizer()
+    )
+
+
+CFG = DistillConfig(
+    kind="chat", sets=(), synthetic_prompts=6, temperatures=(0.0,), batch=4, max_new_tokens=12
+)
+
+
+def test_synthetic_prompts_are_deterministic_and_distinct():
+    a, b = synthetic_prompts(300, seed=1), synthetic_prompts(300, seed=1)
+    assert a == b
+    assert len(set(a)) == 300
+    assert synthetic_prompts(300, seed=2) != a
+    with pytest.raises(ValueError, match="n must be"):
+        synthetic_prompts(-1)
+
+
+def test_training_prompts_take_sets_and_synthetic(loaded):
+    both = DistillConfig(kind="chat", sets=("alpaca",), synthetic_prompts=5)
+    assert len(training_prompts(loaded.tokenizer, both)) == 80 + 5
+    with pytest.raises(ValueError, match="never trained on"):
+        DistillConfig(kind="chat", sets=("mt_bench",))
+    with pytest.raises(ValueError, match="chat prompts"):
+        DistillConfig(kind="story", synthetic_prompts=3)
+
+
+def test_features_are_teacher_forced_hidden_states(loaded):
+    model = loaded.model
+    out = specjax.generate(
+        model, [[1, 5, 6], [1, 7]], max_new_tokens=9, sampling=SamplingConfig(temperature=1.0)
+    )
+    tokens = np.zeros((2, 64), np.int32)
+    lengths = np.array([3 + 9, 2 + 9], np.int32)
+    tokens[0, :12] = [1, 5, 6, *np.asarray(out.tokens)[0]]
+    tokens[1, :11] = [1, 7, *np.asarray(out.tokens)[1]]
+    shard = add_features(
+        model, {"tokens": tokens, "lengths": lengths, "prompt_lens": np.array([3, 2])}, batch=4
+    )
+    graphdef, params = nnx.split(model)
+    ref = np.asarray(teacher_forced_hidden(graphdef, params, jnp.asarray(tokens)))
+    for r, n in enumerate(lengths):
+        np.testing.assert_allclose(shard["feats"][r, :n].astype(np.float32), ref[r, :n], atol=2e-2)
+        assert np.all(shard["feats"][r, n:] == 0)
+
+
+def test_answers_rebuild_the_same_dataset_without_generating(loaded, tmp_path, monkeypatch):
+    answers = tmp_path / "answers"
+    build_dataset(loaded, tmp_path / "a", CFG, source="tiny.bin", answers_dir=answers)
+    first = load_dataset(tmp_path / "a")
+    kept = sorted(answers.glob("shard_*.npz"))
+    assert len(kept) == 2 and "feats" not in np.load(kept[0])
+
+    # A fresh feature directory is rebuilt from the kept answers; generating would be a bug.
+    import specjax.train.data as data_mod
+
+    def no_generation(*args, **kwargs):
+        raise AssertionError("answers exist; nothing should be generated")
+
+    monkeypatch.setattr(data_mod, "make_answers", no_generation)
+    build_dataset(loaded, tmp_path / "b", CFG, source="tiny.bin", answers_dir=answers)
+    second = load_dataset(tmp_path / "b")
+    np.testing.assert_array_equal(first.tokens, second.tokens)
+    np.testing.assert_array_equal(first.lengths, second.lengths)
+    np.testing.assert_allclose(first.feats, second.feats)
+    assert first.answer_tokens > 0
+
+    both = load_dataset(tmp_path / "a", tmp_path / "b")
+    assert len(both.lengths) == 2 * len(first.lengths)
+
+
+def test_other_settings_are_refused(loaded, tmp_path):
+    answers = tmp_path / "answers"
+    build_dataset(loaded, tmp_path / "a", CFG, answers_dir=answers, max_shards=1)
+    assert len(list(answers.glob("shard_*.npz"))) == 1
+    other = DistillConfig(
+        kind="chat", sets=(), synthetic_prompts=6, temperatures=(1.0,), batch=4, max_new_tokens=12
+    )
+    with pytest.raises(ValueError, match="other settings"):
+        build_dataset(loaded, tmp_path / "c", other, answers_dir=answers)
+
+
+def test_sampled_answers_depend_on_the_shard_key(loaded, tmp_path):
+    sampled = DistillConfig(
+        kind="chat",
+        sets=(),
+        synthetic_prompts=8,
+        temperatures=(1.0, 1.0),
+        batch=8,
+        max_new_tokens=12,
+    )
+    data = load_dataset(build_dataset(loaded, tmp_path / "s", sampled))
+    # The same prompts answered twice at T=1 under two shard keys: not the same answers.
+    assert not np.array_equal(data.tokens[:8], data.tokens[8:])
+    assert jax.numpy.all(jnp.asarray(data.lengths) > jnp.asarray(data.prompt_lens))
