@@ -264,7 +264,8 @@ def generate(
     record_hidden: also return the last layer's hidden state (before the final norm) of every
     token the model read, as stats {"prompt_hidden": [B, T, M] (padded prompt positions),
     "hidden": [B, max_new_tokens, M] (generated token i at index i; the last generated token is
-    never read, so its slot and those past it hold 0)} -- what drafter training records.
+    never read, so its slot and those past it hold 0)}: the features a drafter is trained on,
+    equal to a teacher-forced pass over prompt + answer.
     """
     check_sampling(sampling)
     cfg = model.config

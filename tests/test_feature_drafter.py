@@ -232,8 +232,8 @@ def test_errors_name_the_problem(tmp_path, tiny_target):
 
 
 def test_recorded_hidden_states_equal_teacher_forced_ones(tiny_target):
-    """generate(record_hidden=True) -- what distillation stores -- gives the hidden states a
-    teacher-forced pass over prompt + answer gives."""
+    """generate(record_hidden=True) gives the hidden states a teacher-forced pass over prompt +
+    answer gives (the features distillation stores)."""
     from specjax.train.data import teacher_forced_hidden
 
     prompts = [[1, 2, 3, 4], [5, 6, 7, 8]]

@@ -59,6 +59,21 @@ def write_block(cache_layer: jax.Array, block: jax.Array, lengths: jax.Array) ->
     return jax.vmap(one_row)(cache_layer, block, lengths)
 
 
+def project_qkv(p: dict, x: jax.Array, cos, sin, cfg: ModelConfig):
+    """Queries, keys and values of the block x [B, T, M] (RoPE applied): q [B, T, H, D],
+    k and v [B, T, K, D]."""
+    b, t, _ = x.shape
+    h, kh, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    q = x @ p["wq"]
+    k = x @ p["wk"]
+    v = x @ p["wv"]
+    if cfg.qkv_bias:
+        q, k, v = q + p["bq"], k + p["bk"], v + p["bv"]
+    q = apply_rope(q.reshape(b, t, h, d), cos, sin, cfg.rope_layout)
+    k = apply_rope(k.reshape(b, t, kh, d), cos, sin, cfg.rope_layout)
+    return q, k, v.reshape(b, t, kh, d)
+
+
 def attention(
     p: dict,
     x: jax.Array,
@@ -76,19 +91,11 @@ def attention(
     Writes the block's K/V at [lengths, lengths + T) and returns (out [B, T, M], k_cache, v_cache).
     """
     b, t, _ = x.shape
-    h, kh, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-    q = x @ p["wq"]
-    k = x @ p["wk"]
-    v = x @ p["wv"]
-    if cfg.qkv_bias:
-        q, k, v = q + p["bq"], k + p["bk"], v + p["bv"]
-    q = apply_rope(q.reshape(b, t, h, d), cos, sin, cfg.rope_layout)
-    k = apply_rope(k.reshape(b, t, kh, d), cos, sin, cfg.rope_layout)
-    v = v.reshape(b, t, kh, d)
+    q, k, v = project_qkv(p, x, cos, sin, cfg)
     k_cache = write_block(k_cache, k, lengths)
     v_cache = write_block(v_cache, v, lengths)
     out = attend(q, k_cache, v_cache, lengths, tree_mask, impl)
-    return out.reshape(b, t, h * d) @ p["wo"], k_cache, v_cache
+    return out.reshape(b, t, -1) @ p["wo"], k_cache, v_cache
 
 
 def swiglu(p: dict, x: jax.Array) -> jax.Array:

@@ -15,10 +15,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from specjax.attention import AttentionImpl
+from specjax.attention import AttentionImpl, attend
 from specjax.cache import KVCache
 from specjax.config import ModelConfig
-from specjax.models.layers import decoder_layer, rms_norm, rope_angles
+from specjax.models.layers import project_qkv, rms_norm, rope_angles, swiglu
 
 
 # Canonical weight names and their shapes (the contract every checkpoint reader fills).
@@ -145,12 +145,22 @@ class Llama(nnx.Module):
         cos, sin = rope_angles(positions, cfg.head_dim, cfg.rope_theta)
         weights = self.layers.arrays()
 
-        def body(x, xs):
-            p, k_layer, v_layer = xs
-            x, k_layer, v_layer = decoder_layer(
-                p, x, cos, sin, k_layer, v_layer, cache.lengths, tree_mask, cfg, attn_impl
-            )
-            return x, (k_layer, v_layer)
+        def body(carry, xs):
+            # The whole cache rides in the carry; only the block's K/V are written into it (in
+            # place, row by row), and attention reads the layer's slice. Scanning over cache
+            # slices as xs/ys instead copied the whole cache several times per call, which
+            # dominated batched decoding on CPU.
+            x, k_all, v_all = carry
+            p, layer = xs
+            q, k, v = project_qkv(p, rms_norm(x, p["attn_norm"], cfg.norm_eps), cos, sin, cfg)
+            k_all = write_layer_block(k_all, layer, k, cache.lengths)
+            v_all = write_layer_block(v_all, layer, v, cache.lengths)
+            k_layer = jax.lax.dynamic_index_in_dim(k_all, layer, 0, keepdims=False)
+            v_layer = jax.lax.dynamic_index_in_dim(v_all, layer, 0, keepdims=False)
+            attn = attend(q, k_layer, v_layer, cache.lengths, tree_mask, attn_impl)
+            x = x + attn.reshape(x.shape[0], x.shape[1], -1) @ p["wo"]
+            x = x + swiglu(p, rms_norm(x, p["mlp_norm"], cfg.norm_eps))
+            return (x, k_all, v_all), None
 
         # Scan segment by segment so the requested hidden states fall on segment boundaries.
         bounds = sorted({start, end, *[i for i in return_hidden if start <= i <= end]})
@@ -160,9 +170,9 @@ class Llama(nnx.Module):
             if lo in return_hidden:
                 hidden_out[lo] = x
             seg = {n: w[lo:hi] for n, w in weights.items()}
-            x, (k_seg, v_seg) = jax.lax.scan(body, x, (seg, k_all[lo:hi], v_all[lo:hi]))
-            k_all = k_all.at[lo:hi].set(k_seg)
-            v_all = v_all.at[lo:hi].set(v_seg)
+            (x, k_all, v_all), _ = jax.lax.scan(
+                body, (x, k_all, v_all), (seg, jnp.arange(lo, hi, dtype=jnp.int32))
+            )
         if end in return_hidden:
             hidden_out[end] = x
         missing = [i for i in return_hidden if not start <= i <= end]
@@ -180,6 +190,22 @@ class Llama(nnx.Module):
         return ForwardOutput(
             logits=logits, hidden=hidden_out, cache=KVCache(k=k_all, v=v_all, lengths=cache.lengths)
         )
+
+
+def write_layer_block(
+    cache: jax.Array, layer: jax.Array, block: jax.Array, lengths: jax.Array
+) -> jax.Array:
+    """Write block [B, T, K, D] into cache [L, B, S, K, D] at layer `layer`, row b at positions
+    [lengths[b], lengths[b] + T). One in-place update per row (a loop, not a vmap: a batched
+    update becomes a scatter that XLA:CPU runs over the whole cache)."""
+
+    def write_row(b, c):
+        row = jax.lax.dynamic_index_in_dim(block, b, 0, keepdims=True)[None]  # [1, 1, T, K, D]
+        return jax.lax.dynamic_update_slice(
+            c, row.astype(c.dtype), (layer, b, lengths[b], jnp.int32(0), jnp.int32(0))
+        )
+
+    return jax.lax.fori_loop(0, block.shape[0], write_row, cache)
 
 
 def model_from_weights(cfg: ModelConfig, weights: dict, *, source: str = "checkpoint") -> Llama:
