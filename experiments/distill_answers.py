@@ -25,8 +25,14 @@ SYNTHETIC_CHAT = DistillConfig(
     kind="chat", sets=(), synthetic_prompts=2048, temperatures=(0.0,), max_new_tokens=192, batch=32
 )
 
+# Answers at three temperatures to the first turns of EAGLE's alpaca/gsm8k/humaneval/sum sets.
+CHAT_SETS = DistillConfig(kind="chat", temperatures=(0.0, 0.7, 1.0), max_new_tokens=256, batch=32)
+
 # name -> (target checkpoint under the shared folder, distillation settings)
-ANSWER_SETS = {"smollm2-synthetic": (SMOLLM2, SYNTHETIC_CHAT)}
+ANSWER_SETS = {
+    "smollm2-synthetic": (SMOLLM2, SYNTHETIC_CHAT),
+    "smollm2-chat": (SMOLLM2, CHAT_SETS),
+}
 
 
 def answers_dir(name: str) -> Path:

@@ -6,12 +6,13 @@ a training card that states the measured tau.
     python experiments/train_drafters.py --only smollm2-mdc       # one of them
     python experiments/train_drafters.py --only stories260K-eagle --steps 100   # a quick try
     python experiments/train_drafters.py --only smollm2-mdc --remeasure   # card tau only
-    python experiments/train_drafters.py --only smollm2-mdc --extra smollm2-synthetic
-        # also train on the committed answers of experiments/answers/smollm2-synthetic
-        # (features rebuilt teacher-forced; see experiments/distill_answers.py)
+    python experiments/train_drafters.py --only smollm2-mdc --extra smollm2-chat
+        # also train on another committed answer set (experiments/distill_answers.py)
 
-Distillation data is cached under experiments/cache/distill/<target>/ (resumable, shared by the
-two kinds of a target).
+Each target's answers are kept token-only in experiments/answers/<set>/ (committed; see
+ANSWER_SET), so a fresh checkout only rebuilds their features teacher-forced (a prefill,
+~370 tokens/s for SmolLM2 on 2 CPU cores) into experiments/cache/distill/<set>/ (gitignored,
+shared by the two kinds of a target); missing answers are generated (resumable).
 """
 
 from __future__ import annotations
@@ -21,19 +22,28 @@ import dataclasses
 import sys
 from pathlib import Path
 
+from distill_answers import SYNTHETIC_CHAT, answers_dir, features_dir
+
 from specjax.paths import SMOLLM2, STORIES260K, shared_path
 from specjax.train.data import DistillConfig
 from specjax.train.pipeline import DrafterRecipe, remeasure_card, train_drafter
 from specjax.train.trainer import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
-CACHE = ROOT / "experiments" / "cache" / "distill"
 
 STORY_DATA = DistillConfig(kind="story", temperatures=(0.0, 0.8), max_new_tokens=128, batch=64)
-CHAT_DATA = DistillConfig(kind="chat", temperatures=(0.0, 0.7, 1.0), max_new_tokens=256, batch=32)
 # Same data and the same budget for both kinds of a target, so the comparison is fair.
 STORY_TRAIN = TrainConfig(steps=1200, batch=16, levels=4, lr=2e-3, warmup=100)
 CHAT_TRAIN = TrainConfig(steps=500, batch=8, levels=3, lr=2e-3, warmup=40)
+
+# The SmolLM2 drafters train on the first 53 shards (1696 greedy answers) of the committed
+# smollm2-synthetic answers (experiments/distill_answers.py grows the set; the count is fixed
+# here so the shipped drafters stay reproducible).
+SMOLLM2_SHARDS = 53
+
+# target -> the directory name of its drafters' own answers (under experiments/answers) and
+# features (under experiments/cache/distill)
+ANSWER_SET = {"smollm2": "smollm2-synthetic", "stories260K": "stories260K-story"}
 
 # name -> (target checkpoint under the shared folder, recipe)
 RECIPES = {
@@ -48,7 +58,12 @@ RECIPES = {
     f"smollm2-{kind}": (
         SMOLLM2,
         DrafterRecipe(
-            kind=kind, data_kind="chat", distill=CHAT_DATA, train=CHAT_TRAIN, draft_vocab=8192
+            kind=kind,
+            data_kind="chat",
+            distill=SYNTHETIC_CHAT,
+            train=CHAT_TRAIN,
+            draft_vocab=8192,
+            max_shards=SMOLLM2_SHARDS,
         ),
     )
     for kind in ("mdc", "eagle")
@@ -58,7 +73,7 @@ RECIPES = {
 def committed_answer_features(name: str) -> Path:
     """The feature directory of a committed answer set, rebuilt teacher-forced from the answers
     where the cache lacks it (no generation: only the shards already answered are used)."""
-    from distill_answers import ANSWER_SETS, answers_dir, features_dir
+    from distill_answers import ANSWER_SETS
 
     import specjax
     from specjax.train.data import build_dataset
@@ -97,6 +112,9 @@ def main(argv=None) -> int:
         help="no training: measure the saved drafters' tau again and rewrite their cards",
     )
     args = parser.parse_args(argv)
+    for extra in args.extra:
+        if extra in ANSWER_SET.values():
+            parser.error(f"--extra {extra}: that set is already a recipe's own data")
     for name in args.only or sorted(RECIPES):
         target, recipe = RECIPES[name]
         if args.remeasure:
@@ -111,8 +129,9 @@ def main(argv=None) -> int:
             shared_path(target),
             recipe,
             Path(args.out) / name,
-            data_dir=CACHE / Path(target).parent.name,
+            data_dir=features_dir(ANSWER_SET[name.split("-")[0]]),
             extra_data={extra: committed_answer_features(extra) for extra in args.extra},
+            answers_dir=answers_dir(ANSWER_SET[name.split("-")[0]]),
             eval_n=args.eval_n,
         )
     return 0

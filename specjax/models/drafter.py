@@ -56,7 +56,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from specjax.config import ModelConfig
-from specjax.models.layers import apply_rope, rms_norm, rope_angles, swiglu
+from specjax.models.layers import finish_layer, project_qkv, rms_norm, rope_angles, swiglu
 from specjax.models.target import LAYER_WEIGHTS, Layers
 
 KINDS = ("mdc", "eagle")
@@ -220,23 +220,12 @@ class DrafterNet(nnx.Module):
         """x [B, T, M], positions [B, T] -> q [B, T, H, D], k, v [B, T, K, D] (RoPE applied)."""
         cfg = self.config.target
         p = self._layer(chain)
-        b, t, _ = x.shape
-        h = rms_norm(x, p["attn_norm"], cfg.norm_eps)
-        q, k, v = h @ p["wq"], h @ p["wk"], h @ p["wv"]
-        if cfg.qkv_bias:
-            q, k, v = q + p["bq"], k + p["bk"], v + p["bv"]
         cos, sin = rope_angles(positions, cfg.head_dim, cfg.rope_theta)
-        q = apply_rope(q.reshape(b, t, cfg.n_heads, cfg.head_dim), cos, sin, cfg.rope_layout)
-        k = apply_rope(k.reshape(b, t, cfg.n_kv_heads, cfg.head_dim), cos, sin, cfg.rope_layout)
-        return q, k, v.reshape(b, t, cfg.n_kv_heads, cfg.head_dim)
+        return project_qkv(p, rms_norm(x, p["attn_norm"], cfg.norm_eps), cos, sin, cfg)
 
     def finish(self, x: jax.Array, attn: jax.Array, chain: bool = False) -> jax.Array:
         """Residual + output projection + SwiGLU: x [B, T, M], attn [B, T, H, D] -> [B, T, M]."""
-        cfg = self.config.target
-        p = self._layer(chain)
-        b, t = x.shape[:2]
-        x = x + attn.reshape(b, t, -1) @ p["wo"]
-        return x + swiglu(p, rms_norm(x, p["mlp_norm"], cfg.norm_eps))
+        return finish_layer(self._layer(chain), x, attn, self.config.target)
 
     def step(self, x, positions, ctx_k, ctx_v, ctx_mask, ext_k, ext_v, ext_mask, chain=False):
         """One layer call whose queries see context keys and per-query extra keys (with the

@@ -74,33 +74,17 @@ def project_qkv(p: dict, x: jax.Array, cos, sin, cfg: ModelConfig):
     return q, k, v.reshape(b, t, kh, d)
 
 
-def attention(
-    p: dict,
-    x: jax.Array,
-    cos: jax.Array,
-    sin: jax.Array,
-    k_cache: jax.Array,
-    v_cache: jax.Array,
-    lengths: jax.Array,
-    tree_mask: jax.Array,
-    cfg: ModelConfig,
-    impl: AttentionImpl,
-) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Grouped-query attention of the block x [B, T, M] over the cache plus the block itself.
-
-    Writes the block's K/V at [lengths, lengths + T) and returns (out [B, T, M], k_cache, v_cache).
-    """
-    b, t, _ = x.shape
-    q, k, v = project_qkv(p, x, cos, sin, cfg)
-    k_cache = write_block(k_cache, k, lengths)
-    v_cache = write_block(v_cache, v, lengths)
-    out = attend(q, k_cache, v_cache, lengths, tree_mask, impl)
-    return out.reshape(b, t, -1) @ p["wo"], k_cache, v_cache
-
-
 def swiglu(p: dict, x: jax.Array) -> jax.Array:
     """SwiGLU feed-forward: down(silu(gate x) * up x)."""
     return (jax.nn.silu(x @ p["w_gate"]) * (x @ p["w_up"])) @ p["w_down"]
+
+
+def finish_layer(p: dict, x: jax.Array, attn: jax.Array, cfg: ModelConfig) -> jax.Array:
+    """The rest of a pre-norm layer once attention is done: residual + output projection of the
+    heads attn [B, T, H, D], then residual + SwiGLU. x [B, T, M] -> [B, T, M]."""
+    b, t = x.shape[:2]
+    x = x + attn.reshape(b, t, -1) @ p["wo"]
+    return x + swiglu(p, rms_norm(x, p["mlp_norm"], cfg.norm_eps))
 
 
 def decoder_layer(
@@ -115,19 +99,11 @@ def decoder_layer(
     cfg: ModelConfig,
     impl: AttentionImpl,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """One pre-norm decoder layer; returns (x [B, T, M], k_cache, v_cache) for this layer."""
-    attn_out, k_cache, v_cache = attention(
-        p,
-        rms_norm(x, p["attn_norm"], cfg.norm_eps),
-        cos,
-        sin,
-        k_cache,
-        v_cache,
-        lengths,
-        tree_mask,
-        cfg,
-        impl,
-    )
-    x = x + attn_out
-    x = x + swiglu(p, rms_norm(x, p["mlp_norm"], cfg.norm_eps))
-    return x, k_cache, v_cache
+    """One pre-norm decoder layer over the block x [B, T, M]: writes the block's K/V at
+    [lengths, lengths + T) of this layer's cache, then attends over the cache plus the block.
+    Returns (x [B, T, M], k_cache, v_cache)."""
+    q, k, v = project_qkv(p, rms_norm(x, p["attn_norm"], cfg.norm_eps), cos, sin, cfg)
+    k_cache = write_block(k_cache, k, lengths)
+    v_cache = write_block(v_cache, v, lengths)
+    attn = attend(q, k_cache, v_cache, lengths, tree_mask, impl)
+    return finish_layer(p, x, attn, cfg), k_cache, v_cache

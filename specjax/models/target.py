@@ -18,7 +18,7 @@ from flax import nnx
 from specjax.attention import AttentionImpl, attend
 from specjax.cache import KVCache
 from specjax.config import ModelConfig
-from specjax.models.layers import project_qkv, rms_norm, rope_angles, swiglu
+from specjax.models.layers import finish_layer, project_qkv, rms_norm, rope_angles
 
 
 # Canonical weight names and their shapes (the contract every checkpoint reader fills).
@@ -158,9 +158,7 @@ class Llama(nnx.Module):
             k_layer = jax.lax.dynamic_index_in_dim(k_all, layer, 0, keepdims=False)
             v_layer = jax.lax.dynamic_index_in_dim(v_all, layer, 0, keepdims=False)
             attn = attend(q, k_layer, v_layer, cache.lengths, tree_mask, attn_impl)
-            x = x + attn.reshape(x.shape[0], x.shape[1], -1) @ p["wo"]
-            x = x + swiglu(p, rms_norm(x, p["mlp_norm"], cfg.norm_eps))
-            return (x, k_all, v_all), None
+            return (finish_layer(p, x, attn, cfg), k_all, v_all), None
 
         # Scan segment by segment so the requested hidden states fall on segment boundaries.
         bounds = sorted({start, end, *[i for i in return_hidden if start <= i <= end]})

@@ -274,10 +274,13 @@ class Dataset:
         return self.tokens[answer]
 
 
-def load_dataset(*data_dirs: str | Path) -> Dataset:
-    """All shards of one or more distillation directories, as one Dataset."""
-    shards = [s for d in data_dirs for s in sorted(Path(d).glob("shard_*.npz"))]
-    shards = [s for s in shards if not s.name.endswith(".tmp.npz")]
+def load_dataset(*data_dirs: str | Path, max_shards: int | None = None) -> Dataset:
+    """The shards of one or more distillation directories (the first max_shards of each, or
+    all), as one Dataset."""
+    shards = []
+    for d in data_dirs:
+        done = [s for s in sorted(Path(d).glob("shard_*.npz")) if not s.name.endswith(".tmp.npz")]
+        shards += done[:max_shards]
     if not shards:
         raise ValueError(f"{data_dirs}: no distillation shards (run build_dataset first)")
     parts = [dict(np.load(s)) for s in shards]

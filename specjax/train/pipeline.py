@@ -79,6 +79,9 @@ class DrafterRecipe:
     distill: DistillConfig
     train: TrainConfig
     draft_vocab: int = 8192
+    # Train on the first this many distillation shards only (None: all of them). A fixed count
+    # keeps a recipe reproducible while its committed answer set keeps growing.
+    max_shards: int | None = None
 
 
 def train_drafter(
@@ -88,6 +91,7 @@ def train_drafter(
     *,
     data_dir: str | Path,
     extra_data: dict[str, Path] | None = None,
+    answers_dir: str | Path | None = None,
     eval_n: int = 10,
     log=print,
 ) -> Path:
@@ -95,7 +99,9 @@ def train_drafter(
     tau on held-out prompts and write CARD.md. Returns out_dir.
 
     extra_data: name -> directory of further distillation shards (already built, e.g. from
-    committed answers) trained on together with the recipe's own data; the card names them."""
+    committed answers) trained on together with the recipe's own data; the card names them.
+    answers_dir: where the recipe's own answers are kept token-only (committable), so that a
+    fresh checkout rebuilds their features teacher-forced instead of generating them again."""
     import specjax
 
     t_start = time.perf_counter()
@@ -103,9 +109,16 @@ def train_drafter(
     target = loaded.model
     name = Path(target_path).stem
     log(f"[train-drafter] distilling {name} answers into {data_dir}")
-    build_dataset(loaded, data_dir, recipe.distill, source=str(target_path))
+    build_dataset(
+        loaded,
+        data_dir,
+        recipe.distill,
+        source=str(target_path),
+        answers_dir=answers_dir,
+        max_shards=recipe.max_shards,
+    )
     extra_data = extra_data or {}
-    data = load_dataset(data_dir, *extra_data.values())
+    data = load_dataset(data_dir, *extra_data.values(), max_shards=recipe.max_shards)
     log(
         f"[train-drafter] {len(data.lengths)} sequences, {data.answer_tokens} answer tokens, "
         f"width {data.tokens.shape[1]}"
@@ -129,11 +142,7 @@ def train_drafter(
     what, prompts = eval_prompts(loaded, recipe.data_kind, eval_n)
     greedy = measure_tau(target, drafter, prompts, eos_id=eos)
     coverage = _coverage(data, vocab)
-    prompt_sets = (
-        "EAGLE alpaca/gsm8k/humaneval/sum first turns"
-        if recipe.data_kind == "chat"
-        else "TinyStories train prefixes"
-    )
+    prompt_sets = _prompt_sets(recipe.distill)
     card = {
         "target": f"{name} ({_shared_relative(target_path)})",
         "kind": recipe.kind,
@@ -158,6 +167,16 @@ def train_drafter(
     write_card(out_dir, card)
     log(f"[train-drafter] tau {greedy['tau']:.2f}; card written")
     return Path(out_dir)
+
+
+def _prompt_sets(cfg) -> str:
+    """The card's words for the prompts a DistillConfig answers."""
+    if cfg.kind == "story":
+        return "TinyStories train prefixes"
+    parts = [f"EAGLE {'/'.join(cfg.sets)} first turns"] if cfg.sets else []
+    if cfg.synthetic_prompts:
+        parts.append(f"{cfg.synthetic_prompts} synthetic chat prompts (specjax.train.prompts)")
+    return " and ".join(parts)
 
 
 def _coverage(data, vocab: np.ndarray) -> float:
