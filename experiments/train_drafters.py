@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 STORY_DATA = DistillConfig(kind="story", temperatures=(0.0, 0.8), max_new_tokens=128, batch=64)
 # Same data and the same budget for both kinds of a target, so the comparison is fair.
 STORY_TRAIN = TrainConfig(steps=1200, batch=16, levels=4, lr=2e-3, warmup=100)
-CHAT_TRAIN = TrainConfig(steps=500, batch=8, levels=3, lr=2e-3, warmup=40)
+CHAT_TRAIN = TrainConfig(steps=1200, batch=8, levels=3, lr=2e-3, warmup=60)
 
 # The SmolLM2 drafters train on the first 53 shards (1696 greedy answers) of the committed
 # smollm2-synthetic answers (experiments/distill_answers.py grows the set; the count is fixed

@@ -175,7 +175,7 @@ def _prompt_sets(cfg) -> str:
         return "TinyStories train prefixes"
     parts = [f"EAGLE {'/'.join(cfg.sets)} first turns"] if cfg.sets else []
     if cfg.synthetic_prompts:
-        parts.append(f"{cfg.synthetic_prompts} synthetic chat prompts (specjax.train.prompts)")
+        parts.append("synthetic chat prompts (specjax.train.prompts)")
     return " and ".join(parts)
 
 
