@@ -4,6 +4,7 @@ in the gitignored cache.
 
     python experiments/distill_answers.py                  # SmolLM2, synthetic chat prompts
     python experiments/distill_answers.py --shards 10      # stop after 10 new shards
+    python experiments/distill_answers.py --set smollm2-broad   # another answer set
 
 Resumable: shards already answered are skipped (their features are rebuilt teacher-forced when
 the cache lacks them), so each run adds to what earlier runs wrote.
@@ -28,9 +29,23 @@ SYNTHETIC_CHAT = DistillConfig(
 # Answers at three temperatures to the first turns of EAGLE's alpaca/gsm8k/humaneval/sum sets.
 CHAT_SETS = DistillConfig(kind="chat", temperatures=(0.0, 0.7, 1.0), max_new_tokens=256, batch=32)
 
+# Greedy answers to multi-part requests in eight task families (specjax.train.broad_prompts),
+# shards of 64 answers whose prompts are length-sorted within windows of 8 shards.
+BROAD_CHAT = DistillConfig(
+    kind="chat",
+    sets=(),
+    synthetic_prompts=4096,
+    prompt_style="broad",
+    sort_window=8,
+    temperatures=(0.0,),
+    max_new_tokens=192,
+    batch=64,
+)
+
 # name -> (target checkpoint under the shared folder, distillation settings)
 ANSWER_SETS = {
     "smollm2-synthetic": (SMOLLM2, SYNTHETIC_CHAT),
+    "smollm2-broad": (SMOLLM2, BROAD_CHAT),
     "smollm2-chat": (SMOLLM2, CHAT_SETS),
 }
 

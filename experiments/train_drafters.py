@@ -70,9 +70,10 @@ RECIPES = {
 }
 
 
-def committed_answer_features(name: str) -> Path:
+def committed_answer_features(name: str, shards: int | None = None) -> Path:
     """The feature directory of a committed answer set, rebuilt teacher-forced from the answers
-    where the cache lacks it (no generation: only the shards already answered are used)."""
+    where the cache lacks it (no generation: only the shards already answered are used; the
+    first `shards` of them when given)."""
     from distill_answers import ANSWER_SETS
 
     import specjax
@@ -80,8 +81,11 @@ def committed_answer_features(name: str) -> Path:
 
     target, cfg = ANSWER_SETS[name]
     answered = len(list(answers_dir(name).glob("shard_*.npz")))
-    if not answered:
-        raise ValueError(f"answer set {name} is empty: run experiments/distill_answers.py")
+    if not answered or answered < (shards or 0):
+        raise ValueError(
+            f"answer set {name} has {answered} shards ({shards} needed): run "
+            f"experiments/distill_answers.py --set {name}"
+        )
     # build_dataset refuses an answers directory written with other settings than cfg.
     build_dataset(
         specjax.load(shared_path(target)),
@@ -89,7 +93,7 @@ def committed_answer_features(name: str) -> Path:
         cfg,
         source=str(shared_path(target)),
         answers_dir=answers_dir(name),
-        max_shards=answered,
+        max_shards=shards or answered,
     )
     return features_dir(name)
 
@@ -130,7 +134,10 @@ def main(argv=None) -> int:
             recipe,
             Path(args.out) / name,
             data_dir=features_dir(ANSWER_SET[name.split("-")[0]]),
-            extra_data={extra: committed_answer_features(extra) for extra in args.extra},
+            extra_data={
+                extra: (committed_answer_features(extra, n), n)
+                for extra, n in [*recipe.extra_sets, *((e, None) for e in args.extra)]
+            },
             answers_dir=answers_dir(ANSWER_SET[name.split("-")[0]]),
             eval_n=args.eval_n,
         )

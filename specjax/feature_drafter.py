@@ -49,7 +49,8 @@ class TargetHead(nnx.Variable):
 @flax.struct.dataclass
 class FeatureDrafterState:
     """cache: the drafter's one-layer KV cache [1, B, S, K, D], lengths = the target's.
-    last_feature [B, M]: the target's last hidden state at position lengths - 1.
+    last_feature [B, M]: the target's last hidden state at position lengths - 1; last_token [B]:
+    the token at that position (the root's parent, injected by mdc drafters with path_tokens 2).
     tree_tokens [B, N]: the last proposed tree (commit reads the accepted tokens from it).
     chain_h [B, Dp, M], chain_k / chain_v [B, Dp, K, D]: the mdc chain, slot d at position
     lengths + d (empty for eagle); chain_valid [B, Dp]: slots reusable by the next proposal.
@@ -60,6 +61,7 @@ class FeatureDrafterState:
 
     cache: KVCache
     last_feature: jax.Array
+    last_token: jax.Array
     tree_tokens: jax.Array
     chain_h: jax.Array
     chain_k: jax.Array
@@ -148,6 +150,7 @@ class FeatureDrafter(nnx.Module):
         return FeatureDrafterState(
             cache=cache.replace(lengths=prompt_lens),
             last_feature=last.astype(jnp.float32),
+            last_token=jnp.take_along_axis(prompt_ids, (prompt_lens - 1)[:, None], axis=1)[:, 0],
             tree_tokens=jnp.zeros((b, n_nodes), jnp.int32),
             chain_h=jnp.zeros((b, slots, cfg.d_model), jnp.float32),
             chain_k=jnp.zeros((b, slots, cfg.n_kv_heads, cfg.head_dim), jnp.float32),
@@ -220,6 +223,9 @@ class FeatureDrafter(nnx.Module):
         state = state.replace(
             cache=cache.replace(lengths=cache.lengths + advance),
             last_feature=jnp.where(live[:, None], last.astype(jnp.float32), state.last_feature),
+            last_token=jnp.where(
+                live, jnp.take_along_axis(tokens, n_acc[:, None], axis=1)[:, 0], state.last_token
+            ),
             drafted=state.drafted + counted[:, 0],
             reused=state.reused + counted[:, 1],
             chain_calls=state.chain_calls + counted[:, 2],
@@ -383,10 +389,15 @@ class HiddenStateDrafter(FeatureDrafter):
             parent = jnp.where(
                 (d == 0)[..., None], root_emb[:, None], jnp.take(parts.embed, vocab[tokens], 0)
             )
-            logp = self._draft_logp(net.logits(parts, hd, parent), sampling)
-            return logp, {"depth": d + 1}
+            logp = self._draft_logp(net.logits(parts, hd, parent, st["grand"]), sampling)
+            # The frontier node's token is its children's parent and its grandchildren's
+            # grandparent.
+            return logp, {"depth": d + 1, "grand": parent}
 
-        root_state = {"depth": jnp.zeros((ctx.root.shape[0],), jnp.int32)}
+        root_state = {
+            "depth": jnp.zeros((ctx.root.shape[0],), jnp.int32),
+            "grand": jnp.take(parts.embed, state.last_token, axis=0),
+        }
         return state, step, root_state, reused_slots, calls
 
     def _shift_chain(self, state, shift, live):

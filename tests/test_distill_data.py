@@ -11,6 +11,7 @@ from flax import nnx
 
 import specjax
 from specjax.config import TINY, SamplingConfig
+from specjax.train.broad_prompts import FAMILIES, broad_prompts, broad_prompts_by_family
 from specjax.train.data import (
     DistillConfig,
     add_features,
@@ -57,6 +58,17 @@ def test_synthetic_prompts_are_deterministic_and_distinct():
         synthetic_prompts(-1)
 
 
+def test_broad_prompts_are_deterministic_distinct_and_cover_every_family():
+    a = broad_prompts(800, seed=3)
+    assert a == broad_prompts(800, seed=3) and len(set(a)) == 800
+    assert broad_prompts(800, seed=4) != a
+    families = [f for f, _ in broad_prompts_by_family(200, seed=3)]
+    assert set(families) == set(FAMILIES)
+    assert max(families.count(f) for f in FAMILIES) < 2 * min(families.count(f) for f in FAMILIES)
+    with pytest.raises(ValueError, match="n must be"):
+        broad_prompts(-1)
+
+
 def test_training_prompts_take_sets_and_synthetic(loaded):
     both = DistillConfig(kind="chat", sets=("alpaca",), synthetic_prompts=5)
     assert len(training_prompts(loaded.tokenizer, both)) == 80 + 5
@@ -64,6 +76,10 @@ def test_training_prompts_take_sets_and_synthetic(loaded):
         DistillConfig(kind="chat", sets=("mt_bench",))
     with pytest.raises(ValueError, match="chat prompts"):
         DistillConfig(kind="story", synthetic_prompts=3)
+    broad = DistillConfig(kind="chat", sets=(), synthetic_prompts=7, prompt_style="broad")
+    assert len(training_prompts(loaded.tokenizer, broad)) == 7
+    with pytest.raises(ValueError, match="unknown prompt_style"):
+        DistillConfig(kind="chat", prompt_style="fancy")
 
 
 def test_features_are_teacher_forced_hidden_states(loaded):
@@ -108,6 +124,35 @@ def test_answers_rebuild_the_same_dataset_without_generating(loaded, tmp_path, m
 
     both = load_dataset(tmp_path / "a", tmp_path / "b")
     assert len(both.lengths) == 2 * len(first.lengths)
+    # Per-directory shard counts: the first shard of "a" and all of "b".
+    some = load_dataset((tmp_path / "a", 1), (tmp_path / "b", None))
+    assert len(some.lengths) == len(first.lengths) + CFG.batch
+    with pytest.raises(ValueError, match="3 asked for"):
+        load_dataset((tmp_path / "a", 3))
+
+
+def test_manifest_from_before_a_setting_existed_reads_as_its_default(loaded, tmp_path):
+    """Answer sets written before a DistillConfig field was added stay usable."""
+    import json
+
+    answers = tmp_path / "answers"
+    build_dataset(loaded, tmp_path / "a", CFG, answers_dir=answers, max_shards=1)
+    manifest = json.loads((answers / "manifest.json").read_text())
+    del manifest["config"]["prompt_style"], manifest["config"]["sort_window"]
+    (answers / "manifest.json").write_text(json.dumps(manifest))
+    build_dataset(loaded, tmp_path / "b", CFG, answers_dir=answers, max_shards=1)
+    broad = DistillConfig(**{**CFG.__dict__, "prompt_style": "broad"})
+    with pytest.raises(ValueError, match="other settings"):
+        build_dataset(loaded, tmp_path / "c", broad, answers_dir=answers)
+
+
+def test_sort_window_keeps_every_window_together(loaded, tmp_path):
+    """With sort_window the first shards hold the first prompts (sorted within the window)."""
+    windowed = DistillConfig(**{**CFG.__dict__, "sort_window": 1, "synthetic_prompts": 8})
+    prompts = training_prompts(loaded.tokenizer, windowed)
+    data = load_dataset(build_dataset(loaded, tmp_path / "w", windowed, max_shards=1))
+    got = sorted(tuple(r[:n]) for r, n in zip(data.tokens, data.prompt_lens, strict=True))
+    assert got == sorted(tuple(p) for p in prompts[: CFG.batch])
 
 
 def test_other_settings_are_refused(loaded, tmp_path):

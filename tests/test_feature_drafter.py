@@ -30,12 +30,21 @@ from specjax.train.data import Dataset
 from specjax.train.trainer import TrainConfig, train
 
 KINDS = {"mdc": HiddenStateDrafter, "eagle": EagleDrafter}
+# "mdc2": the hidden-state drafter injecting the parent and the grandparent token.
+VARIANTS = ["mdc", "mdc2", "eagle"]
 
 
 def make_drafter(kind, target, seed=0, reuse=True, scale=1.0, fresh_slots=1):
-    """A random drafter; mdc recomputes only the root's slot (fresh_slots=1), so that shallow
-    test trees still reuse much of the chain."""
-    cfg = DrafterConfig(kind=kind, target=target.config, draft_vocab_size=target.config.vocab_size)
+    """A random drafter of kind "mdc", "mdc2" or "eagle"; mdc recomputes only the root's slot
+    (fresh_slots=1), so that shallow test trees still reuse much of the chain."""
+    path_tokens = 2 if kind == "mdc2" else 1
+    kind = kind.removesuffix("2")
+    cfg = DrafterConfig(
+        kind=kind,
+        target=target.config,
+        draft_vocab_size=target.config.vocab_size,
+        path_tokens=path_tokens,
+    )
     net = DrafterNet(cfg, np.arange(cfg.draft_vocab_size), rngs=nnx.Rngs(seed), target=target)
     net.fc.set_value(net.fc[...] * scale)
     if kind == "mdc":  # a readout MLP that is not the identity
@@ -50,7 +59,7 @@ def tiny_target():
     return specjax.Llama(TINY, rngs=nnx.Rngs(0))
 
 
-@pytest.mark.parametrize("kind", ["mdc", "eagle"])
+@pytest.mark.parametrize("kind", VARIANTS)
 @pytest.mark.parametrize("reuse", [True, False])
 def test_greedy_equals_generate_ragged_batch(tiny_target, kind, reuse):
     if kind == "eagle" and not reuse:
@@ -97,7 +106,7 @@ def lossless_target():
     return sharpened(CFG, 3, 3.0)
 
 
-@pytest.mark.parametrize("kind", ["mdc", "eagle"])
+@pytest.mark.parametrize("kind", VARIANTS)
 def test_sampling_matches_target_distribution(lossless_target, kind):
     """The whole path with a feature drafter (dynamic top-k tree, one-hot rule, drafter cache
     commits, and for mdc the reuse of the hidden-state chain after rejections) samples the
@@ -123,7 +132,7 @@ def test_sampling_matches_target_distribution(lossless_target, kind):
         assert int(np.sum(out.stats["reused"])) > 0.05 * int(np.sum(out.stats["drafted"]))
 
 
-@pytest.mark.parametrize("kind", ["mdc", "eagle"])
+@pytest.mark.parametrize("kind", VARIANTS)
 def test_drafting_follows_the_unrolled_training_forward(tiny_target, kind):
     """A drafted greedy chain is what the training forward predicts for that chain: the token at
     depth k + 1 is the argmax of the level-k logits at the root's position + k, so the drafter
@@ -157,7 +166,7 @@ def test_drafting_follows_the_unrolled_training_forward(tiny_target, kind):
     outs = unrolled_outputs(drafter.net, parts, seq, feats, depth)
     emb = jnp.take(parts.embed, seq, axis=0)
     for k in range(depth):
-        logits = drafter.net.logits(parts, outs[k][:, n + k], emb[:, n + k])
+        logits = drafter.net.logits(parts, outs[k][:, n + k], emb[:, n + k], emb[:, n + k - 1])
         assert int(jnp.argmax(logits[0])) == chain[k + 1], (k, chain)
 
 
@@ -189,10 +198,12 @@ def test_reuse_serves_tokens_and_saves_chain_calls(tiny_target):
     assert stats[True]["accepted"][:, :-1].sum() > 0  # rejections happened: reuse was possible
 
 
-def test_checkpoint_round_trip(tmp_path, tiny_target):
-    drafter = make_drafter("mdc", tiny_target, seed=7)
+@pytest.mark.parametrize("kind", ["mdc", "mdc2"])
+def test_checkpoint_round_trip(tmp_path, tiny_target, kind):
+    drafter = make_drafter(kind, tiny_target, seed=7)
     save_drafter(drafter.net, tmp_path / "d", target_name="tiny", dtype="float32")
     net = load_drafter_net(tmp_path / "d")
+    assert net.config == drafter.net.config
     chex.assert_trees_all_close(
         nnx.to_pure_dict(nnx.state(net, nnx.Param)),
         nnx.to_pure_dict(nnx.state(drafter.net, nnx.Param)),

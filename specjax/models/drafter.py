@@ -65,15 +65,24 @@ KINDS = ("mdc", "eagle")
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class DrafterConfig:
     """kind: "mdc" | "eagle"; target: the target's ModelConfig (the drafter layer copies its
-    shapes and RoPE); draft_vocab_size: U, the number of target tokens the drafter can propose."""
+    shapes and RoPE); draft_vocab_size: U, the number of target tokens the drafter can propose;
+    path_tokens (mdc): how many of a node's latest path tokens its readout injects, 1 = the
+    parent, 2 = the parent and the grandparent."""
 
     kind: str
     target: ModelConfig
     draft_vocab_size: int
+    path_tokens: int = 1
 
     def __post_init__(self):
         if self.kind not in KINDS:
             raise ValueError(f"unknown drafter kind {self.kind!r}; choose from {KINDS}")
+        allowed = (1, 2) if self.kind == "mdc" else (1,)
+        if self.path_tokens not in allowed:
+            raise ValueError(
+                f"path_tokens must be in {allowed} for a {self.kind} drafter, "
+                f"got {self.path_tokens}"
+            )
         if not 1 <= self.draft_vocab_size <= self.target.vocab_size:
             raise ValueError(
                 f"draft_vocab_size must be in [1, {self.target.vocab_size}], "
@@ -158,6 +167,11 @@ class DrafterNet(nnx.Module):
                 jax.random.normal(rngs.params(), (m, m), jnp.float32) / jnp.sqrt(m)
             )
             self.info_norm = nnx.Param(jnp.full((m,), input_scale, jnp.float32))
+            if cfg.path_tokens == 2:
+                self.grand_proj = nnx.Param(
+                    jax.random.normal(rngs.params(), (m, m), jnp.float32) / jnp.sqrt(m)
+                )
+                self.grand_norm = nnx.Param(jnp.full((m,), input_scale, jnp.float32))
             # The readout MLP mixes the chain's hidden state with the injected token (a linear
             # injection alone adds a token-dependent bias, a bigram at best). Its down projection
             # starts at zero, so training starts from the linear injection.
@@ -189,16 +203,31 @@ class DrafterNet(nnx.Module):
             e = rms_norm(tok_emb.astype(jnp.float32), self.tok_norm[...], eps)
         return feat + jnp.concatenate([f, e], axis=-1) @ self.fc[...]
 
-    def logits(self, parts: TargetParts, out: jax.Array, parent_emb: jax.Array) -> jax.Array:
+    def logits(
+        self,
+        parts: TargetParts,
+        out: jax.Array,
+        parent_emb: jax.Array,
+        grand_emb: jax.Array | None = None,
+    ) -> jax.Array:
         """Draft logits [..., U] from a layer output (a predicted hidden state) out [..., M] and
-        the embedding of the token it extends parent_emb [..., M] (used by mdc only: eagle's
-        outputs already consumed that token)."""
+        the embeddings of the token it extends parent_emb [..., M] and of that token's parent
+        grand_emb [..., M] (used by mdc only, grand_emb when path_tokens == 2: eagle's outputs
+        already consumed those tokens)."""
         eps = self.config.target.norm_eps
         x = out
         if self.config.kind == "mdc":
             info = rms_norm(
                 parent_emb.astype(jnp.float32) @ self.info_proj[...], self.info_norm[...], eps
             )
+            if self.config.path_tokens == 2:
+                if grand_emb is None:
+                    raise ValueError("this drafter injects two path tokens: pass grand_emb")
+                info = info + rms_norm(
+                    grand_emb.astype(jnp.float32) @ self.grand_proj[...],
+                    self.grand_norm[...],
+                    eps,
+                )
             x = out @ self.inject[...] + info
             mlp = {
                 "w_gate": self.readout_gate[...],

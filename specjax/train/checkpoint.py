@@ -2,7 +2,8 @@
 
 Layout of a drafter directory:
     drafter.json   {"format": "specjax-drafter", "version": 1, "kind", "draft_vocab_size",
-                    "dtype", "target": {the target's ModelConfig}, "target_name"}
+                    "path_tokens", "dtype", "target": {the target's ModelConfig},
+                    "target_name"}
     params/        orbax StandardCheckpointer tree {"params": the drafter's own weights,
                    "draft_vocab": [U] int32}; embeddings and the LM head are the target's
     CARD.md        what it was trained for and on, for how long, and the tau it measured
@@ -48,6 +49,7 @@ def save_drafter(
         "version": VERSION,
         "kind": net.config.kind,
         "draft_vocab_size": net.config.draft_vocab_size,
+        "path_tokens": net.config.path_tokens,
         "dtype": dtype,
         "target": dataclasses.asdict(net.config.target),
         "target_name": target_name,
@@ -82,6 +84,7 @@ def load_drafter_net(path: str | Path) -> DrafterNet:
         kind=header["kind"],
         target=ModelConfig(**header["target"]),
         draft_vocab_size=header["draft_vocab_size"],
+        path_tokens=header.get("path_tokens", 1),  # headers before the field: the parent only
     )
     vocab = np.zeros((cfg.draft_vocab_size,), np.int32)
     net = nnx.eval_shape(lambda: DrafterNet(cfg, vocab, rngs=nnx.Rngs(0)))

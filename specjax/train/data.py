@@ -52,6 +52,7 @@ from specjax.tree import causal_mask
 
 CHAT_TRAIN_SETS = ("alpaca", "gsm8k", "humaneval", "sum")
 STORY_TRAIN_FILE = "tinystories_train_head.txt"
+PROMPT_STYLES = ("basic", "broad")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -69,13 +70,24 @@ class DistillConfig:
     batch: int = 32
     seed: int = 0
     sets: tuple[str, ...] = CHAT_TRAIN_SETS  # chat: which EAGLE question files
-    synthetic_prompts: int = 0  # chat: generated user turns added (specjax.train.prompts)
+    synthetic_prompts: int = 0  # chat: generated user turns added (see prompt_style)
+    # "basic": specjax.train.prompts (short everyday requests); "broad":
+    # specjax.train.broad_prompts (multi-part requests in eight task families)
+    prompt_style: str = "basic"
+    # Answer order: None sorts all prompts longest first (least padding); k sorts within windows
+    # of k shards only, so that the first shards of a partly answered set already cover every
+    # prompt family.
+    sort_window: int | None = None
 
     def __post_init__(self):
         if self.kind not in ("chat", "story"):
             raise ValueError(f"kind must be 'chat' or 'story', got {self.kind!r}")
         if self.kind == "story" and self.synthetic_prompts:
             raise ValueError("synthetic_prompts are chat prompts; the story kind has none")
+        if self.prompt_style not in PROMPT_STYLES:
+            raise ValueError(
+                f"unknown prompt_style {self.prompt_style!r}; choose from {PROMPT_STYLES}"
+            )
         unknown = set(self.sets) - set(CHAT_TRAIN_SETS)
         if unknown:
             raise ValueError(
@@ -89,10 +101,12 @@ def training_prompts(tokenizer, cfg: DistillConfig) -> list[list[int]]:
     from specjax.bench import SPEC_BENCH_FILES, encode_question, read_spec_bench
 
     if cfg.kind == "chat":
+        from specjax.train.broad_prompts import broad_prompts
         from specjax.train.prompts import synthetic_prompts
 
+        make = broad_prompts if cfg.prompt_style == "broad" else synthetic_prompts
         texts = [q.turns[0] for name in cfg.sets for q in read_spec_bench(SPEC_BENCH_FILES[name])]
-        texts += synthetic_prompts(cfg.synthetic_prompts, seed=cfg.seed)
+        texts += make(cfg.synthetic_prompts, seed=cfg.seed)
         prompts = [encode_question(tokenizer, t) for t in texts]
     else:
         text = (shared_dir() / "data" / STORY_TRAIN_FILE).read_text(encoding="utf-8")
@@ -167,12 +181,19 @@ def add_features(model, answers: dict, batch: int = 8) -> dict:
 
 
 def _check_manifest(directory: Path, manifest: dict) -> None:
-    """Write directory/manifest.json, refusing a directory made with other settings."""
+    """Write directory/manifest.json, refusing a directory made with other settings. A manifest
+    written before a DistillConfig field existed reads as that field's default."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / "manifest.json"
     if path.exists():
         old = json.loads(path.read_text())
-        if old["config"] != manifest["config"]:
+        defaults = {
+            f.name: f.default
+            for f in dataclasses.fields(DistillConfig)
+            if f.default is not dataclasses.MISSING
+        }
+        old_config = json.loads(json.dumps(defaults)) | old["config"]
+        if old_config != manifest["config"]:
             raise ValueError(
                 f"{directory} holds data made with other settings ({old['config']}); "
                 "use another directory or delete it"
@@ -211,8 +232,13 @@ def build_dataset(
         _check_manifest(answers_dir, {"source": Path(source).name, "config": manifest["config"]})
     tok = loaded.tokenizer
     prompts = training_prompts(tok, cfg)
-    # Longest prompts first within each temperature, so shards pad little.
-    order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
+    # Longest prompts first within each temperature (or within windows), so shards pad little.
+    window = len(prompts) if cfg.sort_window is None else cfg.sort_window * cfg.batch
+    order = [
+        i
+        for w in range(0, len(prompts), window)
+        for i in sorted(range(w, min(w + window, len(prompts))), key=lambda i: -len(prompts[i]))
+    ]
     jobs = [
         (t, order[i : i + cfg.batch])
         for t in cfg.temperatures
@@ -274,13 +300,19 @@ class Dataset:
         return self.tokens[answer]
 
 
-def load_dataset(*data_dirs: str | Path, max_shards: int | None = None) -> Dataset:
+def load_dataset(
+    *data_dirs: str | Path | tuple[str | Path, int | None], max_shards: int | None = None
+) -> Dataset:
     """The shards of one or more distillation directories (the first max_shards of each, or
-    all), as one Dataset."""
+    all), as one Dataset. A (directory, n) pair takes that directory's first n shards instead
+    (n None: all of them); fewer than n shards is an error."""
     shards = []
-    for d in data_dirs:
+    for entry in data_dirs:
+        d, n = entry if isinstance(entry, tuple) else (entry, max_shards)
         done = [s for s in sorted(Path(d).glob("shard_*.npz")) if not s.name.endswith(".tmp.npz")]
-        shards += done[:max_shards]
+        if isinstance(entry, tuple) and n is not None and len(done) < n:
+            raise ValueError(f"{d}: {len(done)} distillation shards, {n} asked for")
+        shards += done[:n]
     if not shards:
         raise ValueError(f"{data_dirs}: no distillation shards (run build_dataset first)")
     parts = [dict(np.load(s)) for s in shards]

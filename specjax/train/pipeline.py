@@ -79,9 +79,13 @@ class DrafterRecipe:
     distill: DistillConfig
     train: TrainConfig
     draft_vocab: int = 8192
+    path_tokens: int = 1  # mdc: path tokens injected at the readout (see DrafterConfig)
     # Train on the first this many distillation shards only (None: all of them). A fixed count
     # keeps a recipe reproducible while its committed answer set keeps growing.
     max_shards: int | None = None
+    # Committed answer sets trained on as well: (name, first n shards), resolved to feature
+    # directories by the caller (experiments/train_drafters.py).
+    extra_sets: tuple[tuple[str, int], ...] = ()
 
 
 def train_drafter(
@@ -90,7 +94,7 @@ def train_drafter(
     out_dir: str | Path,
     *,
     data_dir: str | Path,
-    extra_data: dict[str, Path] | None = None,
+    extra_data: dict[str, tuple[Path, int | None]] | None = None,
     answers_dir: str | Path | None = None,
     eval_n: int = 10,
     log=print,
@@ -98,8 +102,9 @@ def train_drafter(
     """Distill (resumable, shared between kinds through data_dir), train, save to out_dir, measure
     tau on held-out prompts and write CARD.md. Returns out_dir.
 
-    extra_data: name -> directory of further distillation shards (already built, e.g. from
-    committed answers) trained on together with the recipe's own data; the card names them.
+    extra_data: name -> (directory of further distillation shards, already built, e.g. from
+    committed answers; how many of its first shards to use, None: all), trained on together
+    with the recipe's own data; the card names them.
     answers_dir: where the recipe's own answers are kept token-only (committable), so that a
     fresh checkout rebuilds their features teacher-forced instead of generating them again."""
     import specjax
@@ -118,7 +123,7 @@ def train_drafter(
         max_shards=recipe.max_shards,
     )
     extra_data = extra_data or {}
-    data = load_dataset(data_dir, *extra_data.values(), max_shards=recipe.max_shards)
+    data = load_dataset((data_dir, recipe.max_shards), *extra_data.values())
     log(
         f"[train-drafter] {len(data.lengths)} sequences, {data.answer_tokens} answer tokens, "
         f"width {data.tokens.shape[1]}"
@@ -127,7 +132,12 @@ def train_drafter(
     vocab = draft_vocabulary(
         data, recipe.draft_vocab, target.config.vocab_size, () if eos is None else (eos,)
     )
-    cfg = DrafterConfig(kind=recipe.kind, target=target.config, draft_vocab_size=len(vocab))
+    cfg = DrafterConfig(
+        kind=recipe.kind,
+        target=target.config,
+        draft_vocab_size=len(vocab),
+        path_tokens=recipe.path_tokens,
+    )
     net = DrafterNet(
         cfg,
         vocab,
@@ -145,12 +155,15 @@ def train_drafter(
     prompt_sets = _prompt_sets(recipe.distill)
     card = {
         "target": f"{name} ({_shared_relative(target_path)})",
-        "kind": recipe.kind,
+        "kind": recipe.kind
+        + (
+            f" (readout injects {recipe.path_tokens} path tokens)" if recipe.path_tokens > 1 else ""
+        ),
         "data": (
             f"{len(data.lengths)} target-written answers ({data.answer_tokens} tokens) to "
             f"{prompt_sets} at temperatures {recipe.distill.temperatures}, "
             f"<= {recipe.distill.max_new_tokens} new tokens each"
-            + (f", plus the answer sets {', '.join(extra_data)}" if extra_data else "")
+            + (f", plus the answer sets {_extra_sets(extra_data)}" if extra_data else "")
         ),
         "draft vocabulary": f"{len(vocab)} most frequent answer tokens "
         f"(cover {coverage:.1%} of answer tokens)",
@@ -177,6 +190,13 @@ def _prompt_sets(cfg) -> str:
     if cfg.synthetic_prompts:
         parts.append("synthetic chat prompts (specjax.train.prompts)")
     return " and ".join(parts)
+
+
+def _extra_sets(extra_data: dict) -> str:
+    """The card's words for the extra answer sets: "a (first 24 shards), b"."""
+    return ", ".join(
+        name + ("" if n is None else f" (first {n} shards)") for name, (_, n) in extra_data.items()
+    )
 
 
 def _coverage(data, vocab: np.ndarray) -> float:

@@ -27,7 +27,7 @@ import optax
 from flax import nnx
 from tqdm.auto import tqdm
 
-from specjax.models.drafter import DrafterNet, TargetParts, unrolled_outputs
+from specjax.models.drafter import DrafterNet, TargetParts, shift_right, unrolled_outputs
 from specjax.models.layers import rms_norm
 from specjax.train.data import Dataset
 
@@ -70,12 +70,14 @@ def drafter_loss(net: DrafterNet, parts: TargetParts, batch: dict, cfg: TrainCon
     # Position j predicts token j + 1: answer predictions start at the last prompt token.
     answer = (pos >= batch["prompt_lens"][:, None] - 1) & (pos < batch["lengths"][:, None] - 1)
     emb = jnp.take(parts.embed, tokens, axis=0)
+    # A node's grandparent is the token before its parent, at every level.
+    grand = shift_right(emb, 1)
     outs = unrolled_outputs(net, parts, tokens, feats, cfg.levels)
     total, metrics = 0.0, {}
     for k, out in enumerate(outs):
         valid = (answer & (pos >= k)).astype(jnp.float32)
         denom = jnp.maximum(valid.sum(), 1.0)
-        logits = net.logits(parts, out, emb)
+        logits = net.logits(parts, out, emb, grand)
         ce = -jnp.sum(target_p * jax.nn.log_softmax(logits, axis=-1), axis=-1)
         reg = jnp.mean(smooth_l1((out - feats) / scale), axis=-1)
         level_loss = jnp.sum((ce + cfg.feature_weight * reg) * valid) / denom
