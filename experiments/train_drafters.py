@@ -40,6 +40,12 @@ CHAT_TRAIN = TrainConfig(steps=1200, batch=8, levels=3, lr=2e-3, warmup=60)
 # smollm2-synthetic answers (experiments/distill_answers.py grows the set; the count is fixed
 # here so the shipped drafters stay reproducible).
 SMOLLM2_SHARDS = 53
+SMOLLM2_EXTRA: tuple[tuple[str, int], ...] = ()
+
+# The mdc readout injects the parent and the grandparent token: on stories260K (400 steps, same
+# data) tau 4.84 against 4.64 with the parent only, unrolled-level agreement at levels 3/4
+# 0.631/0.605 against 0.585/0.535 (the EAGLE-style drafter: 4.68).
+PATH_TOKENS = {"mdc": 2, "eagle": 1}
 
 # target -> the directory name of its drafters' own answers (under experiments/answers) and
 # features (under experiments/cache/distill)
@@ -50,7 +56,12 @@ RECIPES = {
     f"stories260K-{kind}": (
         STORIES260K,
         DrafterRecipe(
-            kind=kind, data_kind="story", distill=STORY_DATA, train=STORY_TRAIN, draft_vocab=512
+            kind=kind,
+            data_kind="story",
+            distill=STORY_DATA,
+            train=STORY_TRAIN,
+            draft_vocab=512,
+            path_tokens=PATH_TOKENS[kind],
         ),
     )
     for kind in ("mdc", "eagle")
@@ -64,6 +75,8 @@ RECIPES = {
             train=CHAT_TRAIN,
             draft_vocab=8192,
             max_shards=SMOLLM2_SHARDS,
+            extra_sets=SMOLLM2_EXTRA,
+            path_tokens=PATH_TOKENS[kind],
         ),
     )
     for kind in ("mdc", "eagle")
