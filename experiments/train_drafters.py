@@ -36,11 +36,12 @@ STORY_DATA = DistillConfig(kind="story", temperatures=(0.0, 0.8), max_new_tokens
 STORY_TRAIN = TrainConfig(steps=1200, batch=16, levels=4, lr=2e-3, warmup=100)
 CHAT_TRAIN = TrainConfig(steps=1200, batch=8, levels=3, lr=2e-3, warmup=60)
 
-# The SmolLM2 drafters train on the first 53 shards (1696 greedy answers) of the committed
-# smollm2-synthetic answers (experiments/distill_answers.py grows the set; the count is fixed
-# here so the shipped drafters stay reproducible).
-SMOLLM2_SHARDS = 53
-SMOLLM2_EXTRA: tuple[tuple[str, int], ...] = ()
+# The SmolLM2 drafters train on committed greedy answers (experiments/distill_answers.py grows
+# the sets; the counts are fixed here so the shipped drafters stay reproducible): the first 60
+# shards of smollm2-synthetic (1920 answers), the first 19 of smollm2-broad (1216 answers to
+# multi-part requests) and the first 3 of smollm2-chat (96 answers to EAGLE's alpaca prompts).
+SMOLLM2_SHARDS = 60
+SMOLLM2_EXTRA = (("smollm2-broad", 19), ("smollm2-chat", 3))
 
 # The mdc readout injects the parent and the grandparent token: on stories260K (400 steps, same
 # data) tau 4.84 against 4.64 with the parent only, unrolled-level agreement at levels 3/4
