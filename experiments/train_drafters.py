@@ -8,6 +8,9 @@ a training card that states the measured tau.
     python experiments/train_drafters.py --only smollm2-mdc --remeasure   # card tau only
     python experiments/train_drafters.py --only smollm2-mdc --extra smollm2-chat
         # also train on another committed answer set (experiments/distill_answers.py)
+    python experiments/train_drafters.py --only smollm2-eagle --steps 400 --out runs/noise \
+        --train feature_noise=0.1 --recipe draft_vocab=16384
+        # a variant of a recipe (TrainConfig / DrafterRecipe fields), for comparisons
 
 Each target's answers are kept token-only in experiments/answers/<set>/ (committed; see
 ANSWER_SET), so a fresh checkout only rebuilds their features teacher-forced (a prefill,
@@ -18,6 +21,7 @@ shared by the two kinds of a target); missing answers are generated (resumable).
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
 import sys
 from pathlib import Path
@@ -114,6 +118,33 @@ def committed_answer_features(name: str, shards: int | None = None) -> Path:
     return features_dir(name)
 
 
+def override(obj, assignments: list[str], what: str):
+    """obj with dataclass fields replaced from KEY=VALUE strings (VALUE a Python literal)."""
+    fields = {f.name for f in dataclasses.fields(obj)}
+    changes = {}
+    for item in assignments:
+        key, sep, value = item.partition("=")
+        if not sep or key not in fields:
+            raise SystemExit(
+                f"--{what} {item!r}: expected KEY=VALUE with KEY one of {sorted(fields)}"
+            )
+        try:
+            changes[key] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            raise SystemExit(f"--{what} {item!r}: VALUE must be a Python literal") from None
+    return dataclasses.replace(obj, **changes)
+
+
+def _command(name: str, args) -> str:
+    """The command line that reproduces drafter `name` with these arguments (for its card)."""
+    words = ["python experiments/train_drafters.py --only", name]
+    if args.steps:
+        words.append(f"--steps {args.steps}")
+    words += [f"--extra {e}" for e in args.extra]
+    words += [f"--train {t}" for t in args.train] + [f"--recipe {r}" for r in args.recipe]
+    return " ".join(words)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", action="append", choices=sorted(RECIPES), default=None)
@@ -125,6 +156,20 @@ def main(argv=None) -> int:
         action="append",
         default=[],
         help="an answer set of experiments/distill_answers.py to train on as well",
+    )
+    parser.add_argument(
+        "--train",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a TrainConfig field of the recipe (e.g. feature_noise=0.1)",
+    )
+    parser.add_argument(
+        "--recipe",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a DrafterRecipe field (e.g. draft_vocab=16384)",
     )
     parser.add_argument(
         "--remeasure",
@@ -145,6 +190,8 @@ def main(argv=None) -> int:
             recipe = dataclasses.replace(
                 recipe, train=dataclasses.replace(recipe.train, steps=args.steps)
             )
+        recipe = override(recipe, args.recipe, "recipe")
+        recipe = dataclasses.replace(recipe, train=override(recipe.train, args.train, "train"))
         train_drafter(
             shared_path(target),
             recipe,
@@ -156,6 +203,7 @@ def main(argv=None) -> int:
             },
             answers_dir=answers_dir(ANSWER_SET[name.split("-")[0]]),
             eval_n=args.eval_n,
+            reproduce=_command(name, args),
         )
     return 0
 

@@ -290,3 +290,42 @@ def test_training_lowers_the_loss(tiny_target):
     first, last = summary["history"][0], summary["history"][-1]
     assert last["loss"] < 0.7 * first["loss"], (first, last)
     assert last["acc0"] > first["acc0"]
+
+
+def test_feature_noise_perturbs_only_what_the_drafter_reads(tiny_target, monkeypatch):
+    """feature_noise shifts the hidden states fed to the drafter by at most noise x scale, and
+    leaves the target distribution it is scored against alone."""
+    from specjax.train import trainer
+
+    rng = np.random.default_rng(1)
+    tokens = jnp.asarray(rng.integers(1, 16, size=(2, 12)), jnp.int32)
+    from specjax.train.data import teacher_forced_hidden
+
+    graphdef, params = nnx.split(tiny_target)
+    feats = teacher_forced_hidden(graphdef, params, tokens)
+    batch = {
+        "tokens": tokens,
+        "feats": feats,
+        "lengths": jnp.array([12, 10], jnp.int32),
+        "prompt_lens": jnp.array([3, 3], jnp.int32),
+    }
+    drafter = make_drafter("eagle", tiny_target)
+    parts = target_parts(tiny_target, drafter.net.draft_vocab[...])
+    seen = []
+
+    def spy(net, parts, tokens, feats_in, levels):
+        seen.append(feats_in)
+        return unrolled_outputs(net, parts, tokens, feats_in, levels)
+
+    monkeypatch.setattr(trainer, "unrolled_outputs", spy)
+    cfg = TrainConfig(steps=1, levels=2, feature_noise=0.25)
+    with pytest.raises(ValueError, match="needs a key"):
+        trainer.drafter_loss(drafter.net, parts, batch, cfg, 2.0)
+    trainer.drafter_loss(drafter.net, parts, batch, cfg, 2.0, jax.random.key(0))
+    trainer.drafter_loss(
+        drafter.net, parts, batch, TrainConfig(steps=1, levels=2), 2.0, jax.random.key(0)
+    )
+    noisy, clean = (np.asarray(x) for x in seen)
+    diff = np.abs(noisy - np.asarray(feats))
+    assert diff.max() <= 0.25 * 2.0 + 1e-6 and diff.mean() > 0.1
+    np.testing.assert_array_equal(clean, np.asarray(feats))

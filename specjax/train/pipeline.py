@@ -97,6 +97,7 @@ def train_drafter(
     extra_data: dict[str, tuple[Path, int | None]] | None = None,
     answers_dir: str | Path | None = None,
     eval_n: int = 10,
+    reproduce: str | None = None,
     log=print,
 ) -> Path:
     """Distill (resumable, shared between kinds through data_dir), train, save to out_dir, measure
@@ -104,7 +105,8 @@ def train_drafter(
 
     extra_data: name -> (directory of further distillation shards, already built, e.g. from
     committed answers; how many of its first shards to use, None: all), trained on together
-    with the recipe's own data; the card names them.
+    with the recipe's own data; the card names them. reproduce: the card's command line
+    (default: experiments/train_drafters.py --only <out_dir's name>).
     answers_dir: where the recipe's own answers are kept token-only (committable), so that a
     fresh checkout rebuilds their features teacher-forced instead of generating them again."""
     import specjax
@@ -174,7 +176,8 @@ def train_drafter(
         ),
         "final train metrics": ", ".join(f"{k} {v:.3f}" for k, v in summary["final"].items()),
         "measured tau": _tau_line(greedy["tau"], what),
-        "reproduce": f"python experiments/train_drafters.py --only {Path(out_dir).name}",
+        "reproduce": reproduce
+        or f"python experiments/train_drafters.py --only {Path(out_dir).name}",
         "total wall time": f"{(time.perf_counter() - t_start) / 60:.1f} min",
     }
     write_card(out_dir, card)

@@ -12,6 +12,10 @@ The target distribution is the target's own softmax restricted to the draft voca
 logits on those tokens, renormalised), computed on the fly from the recorded hidden states. The
 unrolled levels feed the drafter its own predictions exactly as drafting does
 (specjax.models.drafter.unrolled_outputs), so training and test conditions match.
+
+feature_noise > 0 adds uniform noise of that size (in units of the hidden states' RMS) to the
+target hidden states the drafter reads, not to the ones it is scored against (as EAGLE does:
+at test time the deeper levels read the drafter's own, imperfect predictions).
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ class TrainConfig:
     warmup: int = 50
     weight_decay: float = 0.0
     clip: float = 1.0
+    feature_noise: float = 0.0
     seed: int = 0
 
     def __post_init__(self):
@@ -57,10 +62,19 @@ def smooth_l1(x: jax.Array) -> jax.Array:
     return jnp.where(ax < 1.0, 0.5 * x * x, ax - 0.5)
 
 
-def drafter_loss(net: DrafterNet, parts: TargetParts, batch: dict, cfg: TrainConfig, scale):
+def drafter_loss(
+    net: DrafterNet, parts: TargetParts, batch: dict, cfg: TrainConfig, scale, key=None
+):
     """(loss, metrics) for a batch {tokens [B, T], feats [B, T, M], lengths [B],
-    prompt_lens [B]}; metrics: per-level top-1 agreement with the target ("acc{k}")."""
+    prompt_lens [B]}; metrics: per-level top-1 agreement with the target ("acc{k}"). key: the
+    feature noise's randomness (needed when cfg.feature_noise > 0)."""
     tokens, feats = batch["tokens"], batch["feats"].astype(jnp.float32)
+    inputs = feats
+    if cfg.feature_noise > 0:
+        if key is None:
+            raise ValueError("feature_noise > 0 needs a key")
+        noise = jax.random.uniform(key, feats.shape, minval=-1.0, maxval=1.0)
+        inputs = feats + cfg.feature_noise * scale * noise
     b, t = tokens.shape
     eps = net.config.target.norm_eps
     target_logits = rms_norm(feats, parts.final_norm, eps) @ parts.head_u  # [B, T, U]
@@ -72,7 +86,7 @@ def drafter_loss(net: DrafterNet, parts: TargetParts, batch: dict, cfg: TrainCon
     emb = jnp.take(parts.embed, tokens, axis=0)
     # A node's grandparent is the token before its parent, at every level.
     grand = shift_right(emb, 1)
-    outs = unrolled_outputs(net, parts, tokens, feats, cfg.levels)
+    outs = unrolled_outputs(net, parts, tokens, inputs, cfg.levels)
     total, metrics = 0.0, {}
     for k, out in enumerate(outs):
         valid = (answer & (pos >= k)).astype(jnp.float32)
@@ -102,12 +116,14 @@ def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
 @functools.partial(
     jax.jit, static_argnames=("graphdef", "optimizer", "cfg"), donate_argnames=("params", "opt")
 )
-def train_step(graphdef, params, rest, opt, parts, batch, scale, *, optimizer, cfg: TrainConfig):
+def train_step(
+    graphdef, params, rest, opt, parts, batch, scale, key, *, optimizer, cfg: TrainConfig
+):
     """One optax step on the drafter's Params; returns (params, opt, metrics)."""
 
     def loss(p):
         net = nnx.merge(graphdef, p, rest)
-        return drafter_loss(net, parts, batch, cfg, scale)
+        return drafter_loss(net, parts, batch, cfg, scale, key)
 
     grads, metrics = jax.grad(loss, has_aux=True)(params)
     updates, opt = optimizer.update(grads, opt, params)
@@ -160,10 +176,20 @@ def train(net: DrafterNet, parts: TargetParts, data: Dataset, cfg: TrainConfig, 
     bar = tqdm(range(cfg.steps), desc=f"train {net.config.kind}", unit="step")
     t0, seen, history = time.perf_counter(), 0, []
     metrics = {}
+    noise_key = jax.random.key(cfg.seed)
     for step in bar:
         batch = next(stream)
         params, opt, metrics = train_step(
-            graphdef, params, rest, opt, parts, batch, scale, optimizer=optimizer, cfg=cfg
+            graphdef,
+            params,
+            rest,
+            opt,
+            parts,
+            batch,
+            scale,
+            jax.random.fold_in(noise_key, step),
+            optimizer=optimizer,
+            cfg=cfg,
         )
         seen += int((batch["lengths"] - batch["prompt_lens"]).sum())
         if step % 10 == 0 or step == cfg.steps - 1:
