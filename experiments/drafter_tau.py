@@ -27,31 +27,6 @@ import numpy as np
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def per_prompt_tau(target, drafter, prompts, *, temperature, max_new_tokens, eos_id, batch=8):
-    """(tau [n] per prompt, summed drafter statistics) for one drafter on one prompt set."""
-    import specjax
-    from specjax.config import SamplingConfig, SpecConfig
-    from specjax.train.pipeline import CARD_TREE
-
-    taus, stats = [], {}
-    for i in range(0, len(prompts), batch):
-        out = specjax.speculative_generate(
-            target,
-            drafter,
-            prompts[i : i + batch],
-            max_new_tokens=max_new_tokens,
-            config=SpecConfig(tree=CARD_TREE),
-            sampling=SamplingConfig(temperature=temperature),
-            key=jax.random.key(1000 + i),
-            eos_id=eos_id,
-        )
-        taus += np.asarray(out.stats["tau"]).tolist()
-        for k in ("drafted", "reused", "chain_calls", "target_calls"):
-            if k in out.stats:
-                stats[k] = stats.get(k, 0) + int(np.sum(out.stats[k]))
-    return np.asarray(taus), stats
-
-
 def interval(x: np.ndarray) -> float:
     """Half-width of the 95% t-interval of the mean of x."""
     from scipy import stats
@@ -67,6 +42,7 @@ def main(argv=None) -> int:
     from specjax.benchmark import device_header
     from specjax.paths import SMOLLM2, SMOLLM2_EAGLE, SMOLLM2_MDC, repo_dir, shared_path
     from specjax.train.checkpoint import load_drafter
+    from specjax.train.pipeline import measure_tau
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=80, help="prompts per set (first turns)")
@@ -88,7 +64,7 @@ def main(argv=None) -> int:
         prompts = [encode_question(loaded.tokenizer, q.turns[0]) for q in questions]
         for temperature in args.temperatures:
             for name, drafter in drafters.items():
-                taus, stats = per_prompt_tau(
+                stats = measure_tau(
                     loaded.model,
                     drafter,
                     prompts,
@@ -96,6 +72,7 @@ def main(argv=None) -> int:
                     max_new_tokens=args.max_new_tokens,
                     eos_id=eos,
                 )
+                taus = np.asarray(stats["taus"])
                 per_prompt[(set_name, temperature, name)] = taus
                 rows.append((set_name, temperature, name, len(prompts), taus, stats))
                 print(f"{set_name} T={temperature} {name}: tau {taus.mean():.3f}", flush=True)

@@ -47,8 +47,9 @@ def measure_tau(
     eos_id=None,
     batch: int = 8,
 ) -> dict:
-    """Mean tau (tokens per target call) over prompts, decoded `batch` rows at a time, plus the
-    reuse statistics summed over rows when the drafter reports them."""
+    """Mean tau (tokens per target call) over prompts, decoded `batch` rows at a time ("tau"; the
+    per-prompt values in "taus"), plus the reuse statistics summed over rows when the drafter
+    reports them."""
     import specjax
 
     taus, extra = [], {}
@@ -67,7 +68,7 @@ def measure_tau(
         for k in ("drafted", "reused", "chain_calls", "target_calls"):
             if k in out.stats:
                 extra[k] = extra.get(k, 0) + int(np.sum(out.stats[k]))
-    return {"tau": float(np.mean(taus)), "n": len(taus), **extra}
+    return {"tau": float(np.mean(taus)), "taus": taus, "n": len(taus), **extra}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
