@@ -19,14 +19,9 @@ import jax
 import numpy as np
 
 import specjax
-from specjax.benchmark import (
-    device_header,
-    jsonl_prompts,
-    mean_ci,
-    time_interleaved,
-    tinystories_prompts,
-)
+from specjax.benchmark import device_header, mean_ci, time_interleaved
 from specjax.config import SamplingConfig, SpecConfig, TreeConfig
+from specjax.datasets import jsonl_prompts, tinystories_prompts
 from specjax.paths import LLAMA2XS, SMOLLM2, STORIES260K, shared_path
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -45,7 +45,12 @@ SET_NAMES = {
 
 
 def prompt_sets(tokenizer, n: int) -> dict[str, list[list[int]]]:
-    from specjax.bench import SPEC_BENCH_FILES, encode_question, read_spec_bench, select_questions
+    from specjax.datasets import (
+        SPEC_BENCH_FILES,
+        encode_question,
+        read_spec_bench,
+        select_questions,
+    )
     from specjax.train.broad_prompts import broad_prompts
     from specjax.train.prompts import synthetic_prompts
 

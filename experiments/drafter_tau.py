@@ -39,10 +39,15 @@ def interval(x: np.ndarray) -> float:
 
 def main(argv=None) -> int:
     import specjax
-    from specjax.bench import SPEC_BENCH_FILES, encode_question, read_spec_bench, select_questions
     from specjax.benchmark import device_header
+    from specjax.datasets import (
+        SPEC_BENCH_FILES,
+        encode_question,
+        read_spec_bench,
+        select_questions,
+    )
+    from specjax.drafters import load_drafter
     from specjax.paths import SMOLLM2, SMOLLM2_EAGLE, SMOLLM2_MDC, repo_dir, shared_path
-    from specjax.train.checkpoint import load_drafter
     from specjax.train.pipeline import measure_tau
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -97,8 +97,8 @@ SUITES = (
 def reuse_stats(suite: Suite, target, prompts, temperature: float) -> dict:
     """tau and reuse counters of the hidden-state drafter with reuse off and with 0..3 freshly
     recomputed leading chain slots, all rows of the prompt set in one batch."""
-    from specjax.cli import make_drafter
-    from specjax.feature_drafter import DEFAULT_FRESH_SLOTS
+    from specjax.drafters.feature import DEFAULT_FRESH_SLOTS
+    from specjax.drafters.spec import make_drafter
     from specjax.train.pipeline import measure_tau
 
     mdc = next(m.drafter for m in suite.methods if m.drafter and m.drafter.endswith("-mdc"))

@@ -17,8 +17,9 @@ import jax
 import numpy as np
 
 import specjax
-from specjax.benchmark import device_header, mean_ci, tinystories_prompts
+from specjax.benchmark import device_header, mean_ci
 from specjax.config import SamplingConfig, SpecConfig, TreeConfig
+from specjax.datasets import tinystories_prompts
 from specjax.paths import LLAMA2XS, STORIES260K, shared_path
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -6,15 +6,17 @@ config dataclasses.
 
 from specjax.config import TINY, ModelConfig, SamplingConfig, SpecConfig, TreeConfig
 from specjax.decode import GenerateOutput, generate, score
-from specjax.drafting import LMDrafter
-from specjax.feature_drafter import EagleDrafter, HiddenStateDrafter
+from specjax.drafters import Drafter, EagleDrafter, HiddenStateDrafter, LMDrafter, load_drafter
 from specjax.io import Loaded, load
 from specjax.models.target import Llama
 from specjax.speculative import speculative_generate
-from specjax.train.checkpoint import load_drafter
+from specjax.verifiers import FullVerifier, Verifier
 
 __all__ = [
     "TINY",
+    "Drafter",
+    "FullVerifier",
+    "Verifier",
     "EagleDrafter",
     "HiddenStateDrafter",
     "GenerateOutput",

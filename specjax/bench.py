@@ -53,8 +53,17 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from specjax.benchmark import device_header, mean_ci, time_interleaved, tinystories_prompts
+from specjax.benchmark import device_header, mean_ci, time_interleaved
 from specjax.config import SamplingConfig, SpecConfig, TreeConfig
+from specjax.datasets import (
+    SPEC_BENCH_FILES,
+    TINYSTORIES,
+    encode_question,
+    read_spec_bench,
+    resolve_path,
+    select_questions,
+    tinystories_prompts,
+)
 from specjax.paths import (
     LLAMA2XS,
     SMOLLM2,
@@ -63,98 +72,11 @@ from specjax.paths import (
     STORIES260K,
     STORIES260K_EAGLE,
     STORIES260K_MDC,
-    shared_dir,
 )
 
 # ---------------------------------------------------------------------------------------------
 # Prompt sets
 # ---------------------------------------------------------------------------------------------
-
-TINYSTORIES = "tinystories"
-# Spec-Bench style question files in the shared data folder, by short name.
-SPEC_BENCH_FILES = {
-    "mt_bench": "mt_bench_question.jsonl",
-    "gsm8k": "eagle_gsm8k_question.jsonl",
-    "humaneval": "eagle_humaneval_question.jsonl",
-    "alpaca": "eagle_alpaca_question.jsonl",
-    "qa": "eagle_qa_question.jsonl",
-    "sum": "eagle_sum_question.jsonl",
-}
-
-
-@dataclasses.dataclass(frozen=True)
-class Question:
-    """One Spec-Bench record: question_id, category and the user turns (extra fields ignored)."""
-
-    question_id: str
-    category: str
-    turns: tuple[str, ...]
-
-
-def resolve_path(path: str | Path, folder: str = "") -> Path:
-    """`path` as given if it exists, else under the shared folder (`folder` inside it)."""
-    path = Path(path)
-    if path.exists() or path.is_absolute():
-        return path
-    for candidate in (shared_dir() / folder / path, shared_dir() / path):
-        if candidate.exists():
-            return candidate
-    raise FileNotFoundError(
-        f"{path} not found (looked in the current directory and in {shared_dir() / folder}; "
-        "set SPECJAX_SHARED to the folder that holds models/ and data/)"
-    )
-
-
-def read_spec_bench(path: str | Path) -> list[Question]:
-    """Read a Spec-Bench style jsonl file: one JSON object per line with `turns` (a non-empty list
-    of strings) and, as in Spec-Bench, `question_id` and `category` (the line number and "" when
-    missing). Blank lines are skipped; other fields (reference, ...) are ignored."""
-    path = resolve_path(path, "data")
-    questions = []
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{lineno}: not a JSON object ({e.msg})") from None
-        turns = record.get("turns") if isinstance(record, dict) else None
-        if not (isinstance(turns, list) and turns and all(isinstance(t, str) for t in turns)):
-            raise ValueError(f"{path}:{lineno}: 'turns' must be a non-empty list of strings")
-        questions.append(
-            Question(
-                question_id=str(record.get("question_id", lineno)),
-                category=str(record.get("category", "")),
-                turns=tuple(turns),
-            )
-        )
-    if not questions:
-        raise ValueError(f"{path}: no questions")
-    return questions
-
-
-def select_questions(questions: Sequence[Question], n: int) -> list[Question]:
-    """The first n questions taken round-robin over categories (in order of first appearance).
-
-    MT-bench lists its 8 categories in blocks of 10, so its first n questions would all be
-    "writing"; round-robin makes a small prompt set cover every category (as Spec-Bench's does).
-    """
-    by_category: dict[str, list[Question]] = {}
-    for q in questions:
-        by_category.setdefault(q.category, []).append(q)
-    picked = []
-    for i in range(max(len(qs) for qs in by_category.values())):
-        picked += [qs[i] for qs in by_category.values() if i < len(qs)]
-    return picked[:n]
-
-
-def encode_question(tokenizer, text: str) -> list[int]:
-    """A user turn as prompt ids: the chat template when the tokenizer has one (as
-    `specjax.benchmark.jsonl_prompts` does), else the raw text after BOS."""
-    if tokenizer.chat_template:
-        chat = tokenizer.apply_chat([{"role": "user", "content": text}], add_generation_prompt=True)
-        return tokenizer.encode(chat, bos=False)
-    return tokenizer.encode(text, bos=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -260,7 +182,7 @@ def _checkpoint_label(path: str) -> str:
 def resolve_drafter(spec: str) -> str:
     """self:K as is; a trained drafter directory relative to the current directory or to the
     repository (checkpoints/...); else a draft model under the shared models folder."""
-    from specjax.cli import is_feature_drafter
+    from specjax.drafters.spec import is_feature_drafter
     from specjax.paths import repo_dir
 
     if spec.startswith("self:"):
@@ -364,7 +286,7 @@ def parse_method(spec: str) -> Method:
     drafter, *rest = spec.split("@")
     if not drafter or len(rest) > 2:
         raise ValueError(f"method {spec!r}: expected DRAFTER[@N,DEPTH,TOPK[@RULE]]")
-    from specjax.cli import tree_for
+    from specjax.drafters.spec import tree_for
 
     tree = tree_for(resolve_drafter(drafter), rest[0] if rest else None)
     return Method(kind=SPEC, drafter=drafter, tree=tree, rule=rest[1] if len(rest) > 1 else "auto")
@@ -650,7 +572,7 @@ def _paired_ratio(num: Sequence[float], den: Sequence[float]) -> tuple[float, tu
 
 def _drafters(target: Target, methods: Sequence[Method]) -> dict[str, object]:
     """One drafter object per drafter spec, shared by the methods that name it."""
-    from specjax.cli import make_drafter
+    from specjax.drafters.spec import make_drafter
 
     out = {}
     for m in methods:

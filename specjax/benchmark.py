@@ -8,42 +8,13 @@ first call of each method) and excluded from the repetitions.
 from __future__ import annotations
 
 import dataclasses
-import json
 import platform
 import statistics
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import jax
 import numpy as np
-
-from specjax.paths import shared_dir
-
-
-def tinystories_prompts(tokenizer, n: int, words: int = 8, offset: int = 0) -> list[list[int]]:
-    """The first `words` words of TinyStories dev paragraphs, BOS-prefixed."""
-    text = (shared_dir() / "data" / "tinystories_dev.txt").read_text()
-    paras = [p.strip() for p in text.split("\n\n") if p.strip()][offset : offset + n]
-    return [tokenizer.encode(" ".join(p.split()[:words]), bos=True) for p in paras]
-
-
-def jsonl_prompts(path: str | Path, tokenizer, n: int, chat: bool = True) -> list[list[int]]:
-    """First turns of a Spec-Bench style jsonl file (question_id, category, turns)."""
-    path = Path(path)
-    if not path.is_absolute() and not path.exists():
-        path = shared_dir() / "data" / path
-    out = []
-    for line in path.read_text().splitlines()[:n]:
-        turn = json.loads(line)["turns"][0]
-        if chat:
-            text = tokenizer.apply_chat(
-                [{"role": "user", "content": turn}], add_generation_prompt=True
-            )
-            out.append(tokenizer.encode(text, bos=False))
-        else:
-            out.append(tokenizer.encode(turn, bos=True))
-    return out
 
 
 @dataclasses.dataclass

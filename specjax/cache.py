@@ -38,7 +38,16 @@ def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype=None) -> KVCach
     )
 
 
-def commit_path(cache: KVCache, path: jax.Array, advance: jax.Array) -> KVCache:
+def tree_reserve(num_nodes: int, max_depth: int) -> int:
+    """Cache slots a speculative step may touch past a row's committed length: the verified
+    block writes num_nodes slots at lengths, a commit writes max_depth + 1 path slots there (a
+    dynamic tree's budget can be smaller than its depth), and one more for the pending root."""
+    return max(num_nodes, max_depth + 1) + 1
+
+
+def commit_path(
+    cache: KVCache, path: jax.Array, advance: jax.Array, *, num_nodes: int, is_chain: bool = False
+) -> KVCache:
     """Move the accepted tree nodes' K/V into contiguous positions and advance lengths.
 
     The verified tree block sits at scratch slots [lengths, lengths + N); node i at lengths + i.
@@ -46,16 +55,25 @@ def commit_path(cache: KVCache, path: jax.Array, advance: jax.Array) -> KVCache:
     last committed token fed again; slots past the accepted nodes hold 0). After the commit, slot
     lengths + j holds node path[j] for every accepted j, and lengths += advance [B] (typically
     n_accepted + 1 for live rows, 0 for finished rows).
+
+    num_nodes: N (static); every row needs lengths + max(N, P) <= S (see tree_reserve).
+    is_chain: node i of a chain already sits at lengths + i, so nothing moves.
+    Rows are moved one at a time (a fori_loop of small slices updated in place): a batched
+    gather-and-scatter compiles to copies and transposes of the whole [L, B, S, K, D] cache.
     """
+    lengths = cache.lengths + advance
+    if is_chain:
+        return cache.replace(lengths=lengths)
+    n_layers, b, _, kh, d = cache.k.shape
 
-    def one_row(kv_row, start, row_path):
-        # kv_row [L, S, K, D]; gather the P path slots then write them back contiguously.
-        src = start + row_path  # [P]
-        gathered = jnp.take(kv_row, src, axis=1)  # [L, P, K, D]
-        return jax.lax.dynamic_update_slice(kv_row, gathered, (0, start, 0, 0))
+    def move(x, row, start, row_path):
+        window = jax.lax.dynamic_slice(x, (0, row, start, 0, 0), (n_layers, 1, num_nodes, kh, d))
+        moved = jnp.take(window, row_path, axis=2)  # [L, 1, P, K, D]
+        return jax.lax.dynamic_update_slice(x, moved, (0, row, start, 0, 0))
 
-    def commit(kv):
-        # Only the accepted slots matter; the copies past them land in scratch slots anyway.
-        return jax.vmap(one_row, in_axes=(1, 0, 0), out_axes=1)(kv, cache.lengths, path)
+    def one_row(row, kv):
+        start, row_path = cache.lengths[row], path[row]
+        return tuple(move(x, row, start, row_path) for x in kv)
 
-    return KVCache(k=commit(cache.k), v=commit(cache.v), lengths=cache.lengths + advance)
+    k, v = jax.lax.fori_loop(0, b, one_row, (cache.k, cache.v))
+    return KVCache(k=k, v=v, lengths=lengths)

@@ -14,6 +14,13 @@ import sys
 import time
 
 
+def _drafter_spec():
+    # Imported on use: loading specjax (and jax) makes `specjax --help` slow.
+    from specjax.drafters import spec
+
+    return spec
+
+
 def _encode_prompt(loaded, text: str, chat: bool) -> list[int]:
     tok = loaded.tokenizer
     if tok is None:
@@ -33,85 +40,6 @@ def _timed(fn, *args, **kwargs):
     t0 = time.perf_counter()
     out = jax.block_until_ready(fn(*args, **kwargs))
     return out, time.perf_counter() - t0
-
-
-def parse_tree(spec: str | None, default_depth: int = 4):
-    """--tree "N,DEPTH,TOPK" -> TreeConfig: TOPK children at the root and at every level while the
-    number of draft nodes (root excluded) stays within N, then single children down to DEPTH (a
-    chain when TOPK = 1)."""
-    from specjax.config import TreeConfig
-
-    if spec is None:
-        return TreeConfig.chain(default_depth)
-    try:
-        budget, depth, topk = (int(x) for x in spec.split(","))
-    except ValueError:
-        raise ValueError(f"--tree expects N,DEPTH,TOPK (three ints), got {spec!r}") from None
-    if min(budget, depth, topk) < 1:
-        raise ValueError(f"--tree values must be >= 1, got {spec!r}")
-    branching = []
-    for _ in range(depth):
-        b = topk if TreeConfig(branching=(*branching, topk)).num_nodes - 1 <= budget else 1
-        branching.append(b)
-    tree = TreeConfig(branching=tuple(branching))
-    if tree.num_nodes - 1 > budget:
-        raise ValueError(
-            f"--tree {spec}: depth {depth} alone needs {tree.num_nodes - 1} nodes "
-            f"(> budget {budget})"
-        )
-    return tree
-
-
-def is_feature_drafter(spec: str) -> bool:
-    """Whether --drafter names a trained feature drafter (a directory with drafter.json)."""
-    from pathlib import Path
-
-    return (Path(split_drafter_switch(spec)[0]) / "drafter.json").exists()
-
-
-def split_drafter_switch(spec: str) -> tuple[str, dict]:
-    """Ablation switches of a trained hidden-state drafter, spelled DIR:SWITCH:
-    "DIR:noreuse" -> (DIR, {"reuse": False}); "DIR:fresh2" -> (DIR, {"fresh_slots": 2})."""
-    head, _, switch = spec.rpartition(":")
-    if head and switch == "noreuse":
-        return head, {"reuse": False}
-    if head and switch.startswith("fresh") and switch[5:].isdigit():
-        return head, {"fresh_slots": int(switch[5:])}
-    return spec, {}
-
-
-def make_drafter(spec: str, target_loaded):
-    """--drafter PATH (a draft model sharing the target's vocabulary, or a trained feature drafter
-    directory from `specjax train-drafter`, optionally DIR:noreuse / DIR:freshN) or self:K."""
-    import specjax
-    from specjax.drafting import LMDrafter
-
-    if spec.startswith("self:"):
-        return LMDrafter.self_draft(int(spec.split(":", 1)[1]))
-    path, switches = split_drafter_switch(spec)
-    if is_feature_drafter(path):
-        if target_loaded is None:
-            raise ValueError(f"{spec}: a feature drafter needs its target to load")
-        return specjax.load_drafter(path, target_loaded.model, **switches)
-    return LMDrafter(specjax.load(spec).model)
-
-
-def tree_for(drafter_spec: str | None, tree_spec: str | None):
-    """The TreeConfig for a drafter: feature drafters read --tree N,DEPTH,TOPK as a dynamic
-    budget (default 31 nodes, depth 6, top-8); draft models build the static tree of parse_tree."""
-    from specjax.config import TreeConfig
-
-    if drafter_spec and is_feature_drafter(drafter_spec):
-        if tree_spec is None:
-            return TreeConfig.dynamic(31, 6, 8)
-        try:
-            nodes, depth, topk = (int(x) for x in tree_spec.split(","))
-        except ValueError:
-            raise ValueError(
-                f"--tree expects N,DEPTH,TOPK (three ints), got {tree_spec!r}"
-            ) from None
-        return TreeConfig.dynamic(nodes, depth, topk)
-    return parse_tree(tree_spec)
 
 
 def run_generation(loaded, ids, *, max_new_tokens, sampling, seed, drafter=None, tree=None):
@@ -161,8 +89,8 @@ def cmd_generate(args) -> int:
     )
     loaded = specjax.load(args.model, tokenizer=args.tokenizer)
     ids = _encode_prompt(loaded, args.prompt, args.chat)
-    drafter = make_drafter(args.drafter, loaded) if args.drafter else None
-    tree = tree_for(args.drafter, args.tree)
+    drafter = _drafter_spec().make_drafter(args.drafter, loaded) if args.drafter else None
+    tree = _drafter_spec().tree_for(args.drafter, args.tree)
     out, run, comp = run_generation(
         loaded,
         ids,
@@ -189,7 +117,7 @@ def cmd_demo(args) -> int:
         drafter = specjax.LMDrafter(specjax.load(shared_path(LLAMA2XS)).model)
         prompt = args.prompt or "Once upon a time"
         ids = loaded.tokenizer.encode(prompt, bos=True)
-        tree = parse_tree(args.tree)
+        tree = _drafter_spec().parse_tree(args.tree)
         label = "speculative, llama2xs-279K drafting for stories260K"
     else:
         loaded = specjax.load(shared_path(SMOLLM2))
@@ -197,7 +125,7 @@ def cmd_demo(args) -> int:
         drafter = specjax.load_drafter(drafter_dir, loaded.model)
         prompt = args.prompt or "Explain in a few sentences why the sky is blue."
         ids = _encode_prompt(loaded, prompt, chat=True)
-        tree = tree_for(str(drafter_dir), args.tree)
+        tree = _drafter_spec().tree_for(str(drafter_dir), args.tree)
         label = f"speculative, {SMOLLM2_MDC} drafting for SmolLM2-135M-Instruct"
     common = dict(max_new_tokens=args.max_new_tokens, sampling=sampling, seed=0)
     ar, ar_run, _ = run_generation(loaded, ids, **common)

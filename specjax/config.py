@@ -67,6 +67,8 @@ class SamplingConfig:
     """Sampling transform applied identically to target and drafter.
 
     temperature == 0 means greedy (argmax). top_k == 0 disables top-k; top_p == 1 disables top-p.
+    top_k / top_p with temperature 0 is an error (greedy ignores them, so asking for both is a
+    mistake we would otherwise hide).
     """
 
     temperature: float = 0.0
@@ -80,6 +82,11 @@ class SamplingConfig:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if self.temperature == 0.0 and (self.top_k or self.top_p < 1.0):
+            raise ValueError(
+                f"top_k={self.top_k} / top_p={self.top_p} have no effect at temperature 0 "
+                "(greedy decoding takes the argmax): set a temperature > 0 to sample, or drop them"
+            )
 
     @property
     def greedy(self) -> bool:

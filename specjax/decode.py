@@ -62,6 +62,12 @@ def prepare_prompts(
         rows = list(arr)
     elif isinstance(prompts, Sequence) and not isinstance(prompts, str):
         rows = [np.asarray(list(p)) for p in prompts]
+        for i, r in enumerate(rows):
+            if r.size and (r.dtype == bool or not np.issubdtype(r.dtype, np.integer)):
+                raise ValueError(
+                    f"prompt row {i} holds non-integer token ids ({r.dtype}, e.g. "
+                    f"{r.ravel()[0]!r}): token ids must be ints (encode text with the tokenizer)"
+                )
     else:
         raise ValueError(
             "prompts must be a list of token-id lists or an int array [B, T] "
@@ -111,6 +117,20 @@ def prepare_keys(key, batch: int) -> jax.Array:
     if key.shape != (batch,):
         raise ValueError(f"key must be one key or {batch} per-row keys, got shape {key.shape}")
     return key
+
+
+def check_eos(eos_id, cfg: ModelConfig) -> int:
+    """The EOS id as an int (-1 for none); ValueError if it is not a token of the vocabulary."""
+    if eos_id is None:
+        return -1
+    if isinstance(eos_id, bool) or not isinstance(eos_id, (int, np.integer)):
+        raise ValueError(f"eos_id must be an int token id or None, got {eos_id!r}")
+    if not 0 <= eos_id < cfg.vocab_size:
+        raise ValueError(
+            f"eos_id {eos_id} is outside the vocabulary [0, {cfg.vocab_size}): pass the "
+            "tokenizer's eos_id for this model (or None to run to max_new_tokens)"
+        )
+    return int(eos_id)
 
 
 def check_sampling(sampling: SamplingConfig) -> None:
@@ -269,6 +289,7 @@ def generate(
     """
     check_sampling(sampling)
     cfg = model.config
+    eos = check_eos(eos_id, cfg)
     ids, lens = prepare_prompts(prompts, cfg, max_new_tokens)
     keys = prepare_keys(key, ids.shape[0])
     graphdef, params = nnx.split(model)
@@ -278,7 +299,7 @@ def generate(
         jnp.asarray(ids),
         jnp.asarray(lens),
         keys,
-        jnp.int32(-1 if eos_id is None else eos_id),
+        jnp.int32(eos),
         max_new_tokens=max_new_tokens,
         sampling=sampling,
         attn_impl=attn_impl,

@@ -1,21 +1,25 @@
-"""speculative_generate: draft, verify, accept, commit, stop - one jitted `lax.while_loop`.
+"""speculative_generate: draft, verify, accept, commit, stop - one jitted `lax.while_loop` over a
+named step function (SpeculativeLoop.step).
 
 Axis letters: B batch, N tree nodes, P = max_depth + 1 path slots, S cache length, V vocab.
 
 Engine state per row: the target cache holds positions [0, lengths); the root (the last emitted
 token) is pending at position `lengths`. One step:
   1. the drafter proposes a tree whose node 0 is the root;
-  2. the target runs on the N nodes at positions lengths + depth with the ancestor mask, writing
-     their K/V into scratch slots [lengths, lengths + N);
-  3. an acceptance rule (specjax.verify) picks the accepted path and one extra token;
-  4. the accepted nodes' K/V are moved into place, lengths += n_accepted + 1 and the extra token
-     becomes the new root; the drafter commits the same path.
+  2. the verifier runs the target on the N nodes at positions lengths + depth with the ancestor
+     mask (scratch slots [lengths, lengths + N)) and an acceptance rule (specjax.verify) picks
+     the accepted path and one extra token;
+  3. the engine keeps the emitted tokens up to EOS and the token budget;
+  4. the verifier and the drafter commit the accepted path; lengths += n_accepted + 1 and the
+     extra token becomes the new root. Rows that finish in this step (or earlier) do not advance,
+     so no row ever writes past its reserved slots (cache.tree_reserve).
 Randomness of step s of row b comes from fold_in(keys[b], lengths[b]), so a row's output depends
 only on its own prompt and key, whatever else is in the batch.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import flax.struct
@@ -23,36 +27,47 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from specjax import verify as rules
-from specjax.cache import KVCache, commit_path, init_cache
+from specjax.cache import tree_reserve
 from specjax.config import SamplingConfig, SpecConfig
 from specjax.decode import (
     GenerateOutput,
+    check_eos,
     check_sampling,
     choose_tokens,
-    prefill,
     prepare_keys,
     prepare_prompts,
 )
-from specjax.drafting import RootContext
-from specjax.sampling import apply_sampling
-from specjax.tree import ancestor_mask
+from specjax.drafters.base import RootContext
+from specjax.tree import ancestor_mask, static_ancestor_mask
+from specjax.verifiers.full import FullVerifier, nonfinite_rows
 
 
 @flax.struct.dataclass
-class _SpecState:
-    tokens: jax.Array  # [B, max_new + P] emitted tokens (room for one overshooting step)
-    n_generated: jax.Array  # [B]
-    done: jax.Array  # [B]
-    root: jax.Array  # [B] pending token at position lengths
-    prev: jax.Array  # [B] committed token at lengths - 1
-    cache: KVCache
+class SpecState:
+    """The while_loop carry.
+
+    tokens [B, max_new + P] emitted tokens (room for one overshooting step); n_generated [B];
+    done [B]; root [B] pending token at position lengths; prev [B] committed token at
+    lengths - 1; verifier_state (the target cache); drafter_state; keys [B] per-row PRNG keys;
+    eos_id scalar (-1: none); target_calls [B] verification steps while the row was live;
+    accepted_hist [B, P] histogram of n_accepted; nonfinite [B] steps with NaN/inf logits.
+    """
+
+    tokens: jax.Array
+    n_generated: jax.Array
+    done: jax.Array
+    root: jax.Array
+    prev: jax.Array
+    verifier_state: object
     drafter_state: object
-    target_calls: jax.Array  # [B] verification steps while the row was live
-    accepted_hist: jax.Array  # [B, P] histogram of n_accepted
+    keys: jax.Array
+    eos_id: jax.Array
+    target_calls: jax.Array
+    accepted_hist: jax.Array
+    nonfinite: jax.Array
 
 
-def _emitted(tree_tokens, acceptance, p):
+def emitted_tokens(tree_tokens, acceptance, p):
     """Tokens a step emits, [B, P]: the accepted path's tokens then the extra token."""
     path_tokens = jnp.take_along_axis(tree_tokens, acceptance.path, axis=1)[:, 1:]  # [B, P-1]
     path_tokens = jnp.concatenate([path_tokens, jnp.zeros_like(path_tokens[:, :1])], axis=1)
@@ -61,14 +76,176 @@ def _emitted(tree_tokens, acceptance, p):
     return jnp.where(idx < n, path_tokens, jnp.where(idx == n, acceptance.next_token[:, None], 0))
 
 
+def _write_tokens(row, emitted, start, n_keep):
+    """Write emitted[:n_keep] into row [max_new + P] at start (slots past n_keep keep their 0s)."""
+    p = emitted.shape[0]
+    old = jax.lax.dynamic_slice(row, (start,), (p,))
+    new = jnp.where(jnp.arange(p) < n_keep, emitted, old)
+    return jax.lax.dynamic_update_slice(row, new, (start,))
+
+
+@dataclasses.dataclass(frozen=True)
+class SpeculativeLoop:
+    """The pieces of one speculative decoding run, traced inside jit.
+
+    target: a merged Llama; drafter: a Drafter; verifier: a Verifier; config / sampling: the
+    static settings; max_new_tokens: the budget per row. `init` prefills and builds the first
+    SpecState, `step` is one draft-verify-commit step (the while_loop body), `output` turns the
+    final state into a GenerateOutput.
+    """
+
+    target: object
+    drafter: object
+    verifier: object
+    config: SpecConfig
+    sampling: SamplingConfig
+    max_new_tokens: int
+
+    @property
+    def rule(self) -> str:
+        return self.config.resolved_rule(self.sampling, self.drafter.samples_children)
+
+    @property
+    def path_slots(self) -> int:
+        return self.config.tree.max_depth + 1
+
+    def cache_len(self, prompt_width: int) -> int:
+        tree = self.config.tree
+        return prompt_width + self.max_new_tokens + tree_reserve(tree.num_nodes, tree.max_depth)
+
+    def init(self, ids, prompt_lens, keys, eos_id) -> SpecState:
+        """Prefill prompts ids [B, T] (prompt_lens [B]) and pick each row's first token."""
+        b, t = ids.shape
+        p = self.path_slots
+        layers = self.drafter.feature_layers
+        cache_len = self.cache_len(t)
+        logits, vstate, hidden = self.verifier.prefill(
+            self.target, ids, prompt_lens, cache_len,
+            feature_layers=layers, attn_impl=self.config.attn_impl,
+        )  # fmt: skip
+        first = choose_tokens(logits, keys, 0, self.sampling)
+        drafter_state = self.drafter.init_state(
+            self.target, ids, prompt_lens, cache_len, config=self.config, target_hidden=hidden
+        )
+        return SpecState(
+            tokens=jnp.zeros((b, self.max_new_tokens + p), jnp.int32).at[:, 0].set(first),
+            n_generated=jnp.ones((b,), jnp.int32),
+            done=(first == eos_id) | (self.max_new_tokens <= 1),
+            root=first,
+            prev=jnp.take_along_axis(ids, (prompt_lens - 1)[:, None], axis=1)[:, 0],
+            verifier_state=vstate,
+            drafter_state=drafter_state,
+            keys=keys,
+            eos_id=eos_id,
+            target_calls=jnp.zeros((b,), jnp.int32),
+            accepted_hist=jnp.zeros((b, p), jnp.int32),
+            nonfinite=nonfinite_rows(logits).astype(jnp.int32),
+        )
+
+    def tree_mask(self, tree):
+        """[B, N, N] ancestor mask, built once per step (a constant for static topologies)."""
+        if self.drafter.dynamic_trees:
+            return ancestor_mask(tree.parents)
+        mask = jnp.asarray(static_ancestor_mask(self.config.tree.parents()))
+        return jnp.broadcast_to(mask, tree.parents.shape + mask.shape[-1:])
+
+    def step(self, s: SpecState) -> SpecState:
+        """One speculative step for every row (finished rows compute but change nothing)."""
+        cfg, p = self.config, self.path_slots
+        lengths = self.verifier.lengths(s.verifier_state)
+        step_keys = jax.vmap(jax.random.fold_in)(s.keys, lengths)
+        split = jax.vmap(lambda k: jax.random.split(k, 2))(step_keys)
+        draft_keys, verify_keys = split[:, 0], split[:, 1]
+
+        ctx = RootContext(root=s.root, prev=s.prev, lengths=lengths)
+        tree, drafter_state = self.drafter.propose(
+            s.drafter_state, self.target, ctx, draft_keys, config=cfg, sampling=self.sampling
+        )
+        v = self.verifier.verify(
+            s.verifier_state,
+            self.target,
+            tree,
+            self.tree_mask(tree),
+            verify_keys,
+            rule=self.rule,
+            config=cfg,
+            sampling=self.sampling,
+            feature_layers=self.drafter.feature_layers,
+        )
+        acc = v.acceptance
+
+        live = ~s.done
+        emitted = emitted_tokens(tree.tokens, acc, p)  # [B, P]
+        n_emit = acc.n_accepted + 1
+        is_eos = (emitted == s.eos_id) & (jnp.arange(p)[None, :] < n_emit[:, None])
+        first_eos = jnp.argmax(is_eos, axis=1)
+        n_keep = jnp.where(is_eos.any(axis=1), first_eos + 1, n_emit)
+        n_keep = jnp.minimum(n_keep, self.max_new_tokens - s.n_generated)
+        n_keep = jnp.where(live, n_keep, 0)
+        tokens = jax.vmap(_write_tokens)(s.tokens, emitted, s.n_generated, n_keep)
+        n_generated = s.n_generated + n_keep
+        done = s.done | is_eos.any(axis=1) | (n_generated >= self.max_new_tokens)
+
+        # Rows finishing now keep their length: their next steps (while others run) then write
+        # inside the slots reserved past their last committed position.
+        advance = jnp.where(live & ~done, n_emit, 0)
+        vstate = self.verifier.commit(v.state, acc, advance, config=cfg)
+        drafter_state = self.drafter.commit(
+            drafter_state,
+            acc,
+            advance,
+            config=cfg,
+            target=self.target,
+            target_hidden=v.hidden,
+        )
+        last_node = jnp.take_along_axis(acc.path, acc.n_accepted[:, None], axis=1)
+        last_accepted = jnp.take_along_axis(tree.tokens, last_node, axis=1)[:, 0]
+        hist = jax.nn.one_hot(acc.n_accepted, p, dtype=jnp.int32)
+        return s.replace(
+            tokens=tokens,
+            n_generated=n_generated,
+            done=done,
+            root=jnp.where(live, acc.next_token, s.root),
+            prev=jnp.where(live, last_accepted, s.prev),
+            verifier_state=vstate,
+            drafter_state=drafter_state,
+            target_calls=s.target_calls + live,
+            accepted_hist=s.accepted_hist + jnp.where(live[:, None], hist, 0),
+            nonfinite=s.nonfinite + (live & v.nonfinite),
+        )
+
+    def output(self, final: SpecState) -> GenerateOutput:
+        p, max_new = self.path_slots, self.max_new_tokens
+        steps = jnp.maximum(final.target_calls, 1)
+        accepted_total = jnp.sum(final.accepted_hist * jnp.arange(p)[None, :], axis=1)
+        stats = {
+            "target_calls": final.target_calls,
+            "accepted_hist": final.accepted_hist,
+            "tau": (accepted_total + final.target_calls) / steps,
+            "nonfinite_logits": final.nonfinite,
+        }
+        if hasattr(self.drafter, "stats"):
+            stats.update(self.drafter.stats(final.drafter_state))
+        if hasattr(self.verifier, "stats"):
+            stats.update(self.verifier.stats(final.verifier_state))
+        tokens = final.tokens[:, :max_new]
+        tokens = jnp.where(jnp.arange(max_new)[None, :] < final.n_generated[:, None], tokens, 0)
+        return GenerateOutput(tokens=tokens, lengths=final.n_generated, stats=stats)
+
+
 @functools.partial(
-    jax.jit, static_argnames=("target_def", "drafter_def", "max_new_tokens", "config", "sampling")
-)
+    jax.jit,
+    static_argnames=(
+        "target_def", "drafter_def", "verifier_def", "max_new_tokens", "config", "sampling"
+    ),
+)  # fmt: skip
 def _speculative(
     target_def,
     target_params,
     drafter_def,
     drafter_params,
+    verifier_def,
+    verifier_params,
     ids,
     prompt_lens,
     keys,
@@ -78,130 +255,31 @@ def _speculative(
     config: SpecConfig,
     sampling: SamplingConfig,
 ):
-    target = nnx.merge(target_def, target_params)
-    drafter = nnx.merge(drafter_def, drafter_params)
-    tree_cfg = config.tree
-    rule = config.resolved_rule(sampling, drafter.samples_children)
-    verify = rules.RULES[rule]
-    # Feature drafters read the target's last hidden state (prompt and every verified node).
-    feature_layers = (target.config.n_layers,) if drafter.uses_target_features else ()
-    b, t = ids.shape
-    n, p = tree_cfg.num_nodes, tree_cfg.max_depth + 1
-    cache_len = t + max_new_tokens + n + 1
-
-    cache = init_cache(target.config, b, cache_len)
-    logits, cache, hidden = prefill(
-        target, ids, prompt_lens, cache, config.attn_impl, return_hidden=feature_layers
-    )
-    first = choose_tokens(logits, keys, 0, sampling)
-    drafter_state = drafter.init_state(
-        target,
-        ids,
-        prompt_lens,
-        cache_len,
+    loop = SpeculativeLoop(
+        target=nnx.merge(target_def, target_params),
+        drafter=nnx.merge(drafter_def, drafter_params),
+        verifier=nnx.merge(verifier_def, verifier_params),
         config=config,
-        target_hidden=hidden[feature_layers[0]] if feature_layers else None,
+        sampling=sampling,
+        max_new_tokens=max_new_tokens,
     )
-    prev = jnp.take_along_axis(ids, (prompt_lens - 1)[:, None], axis=1)[:, 0]
-    state = _SpecState(
-        tokens=jnp.zeros((b, max_new_tokens + p), jnp.int32).at[:, 0].set(first),
-        n_generated=jnp.ones((b,), jnp.int32),
-        done=(first == eos_id) | (max_new_tokens <= 1),
-        root=first,
-        prev=prev,
-        cache=cache,
-        drafter_state=drafter_state,
-        target_calls=jnp.zeros((b,), jnp.int32),
-        accepted_hist=jnp.zeros((b, p), jnp.int32),
-    )
+    state = loop.init(ids, prompt_lens, keys, eos_id)
+    final = jax.lax.while_loop(lambda s: ~jnp.all(s.done), loop.step, state)
+    return loop.output(final)
 
-    def cond(s: _SpecState):
-        return ~jnp.all(s.done)
 
-    def body(s: _SpecState):
-        lengths = s.cache.lengths
-        step_keys = jax.vmap(jax.random.fold_in)(keys, lengths)
-        split = jax.vmap(lambda k: jax.random.split(k, 2))(step_keys)
-        draft_keys, verify_keys = split[:, 0], split[:, 1]
-        ctx = RootContext(root=s.root, prev=s.prev, lengths=lengths)
-        tree, drafter_state = drafter.propose(
-            s.drafter_state, target, ctx, draft_keys, config=config, sampling=sampling
+def check_speculative_args(target, drafter, config: SpecConfig, sampling: SamplingConfig) -> None:
+    """Every check that needs no compilation: raises ValueError naming the problem."""
+    check_sampling(sampling)
+    if not isinstance(config, SpecConfig):
+        raise ValueError(f"config must be a SpecConfig, got {type(config).__name__}")
+    drafter.check_compatible(target)
+    config.resolved_rule(sampling, drafter.samples_children)  # raises for an impossible pair
+    if config.tree.is_dynamic and not drafter.dynamic_trees:
+        raise ValueError(
+            f"{type(drafter).__name__} drafts static trees: give it TreeConfig(branching=...), "
+            "or use a feature drafter (specjax.load_drafter) for a dynamic tree budget"
         )
-        out = target(
-            tree.tokens,
-            positions=lengths[:, None] + tree.depth,
-            cache=s.cache,
-            # Computed from the tree itself: feature drafters choose the topology every step.
-            tree_mask=ancestor_mask(tree.parents),
-            return_hidden=feature_layers,
-            attn_impl=config.attn_impl,
-        )
-        target_p = out.logits if rule == "greedy" else apply_sampling(out.logits, sampling)
-        if rule == "greedy":
-            acc = verify(tree, target_p, tree_cfg.max_depth)
-        else:
-            acc = verify(tree, target_p, verify_keys, tree_cfg.max_depth)
-
-        live = ~s.done
-        emitted = _emitted(tree.tokens, acc, p)  # [B, P]
-        n_emit = acc.n_accepted + 1
-        is_eos = (emitted == eos_id) & (jnp.arange(p)[None, :] < n_emit[:, None])
-        first_eos = jnp.argmax(is_eos, axis=1)
-        n_keep = jnp.where(is_eos.any(axis=1), first_eos + 1, n_emit)
-        n_keep = jnp.minimum(n_keep, max_new_tokens - s.n_generated)
-        n_keep = jnp.where(live, n_keep, 0)
-        tokens = jax.vmap(_write_tokens)(s.tokens, emitted, s.n_generated, n_keep)
-        n_generated = s.n_generated + n_keep
-        done = s.done | is_eos.any(axis=1) | (n_generated >= max_new_tokens)
-
-        advance = jnp.where(live, n_emit, 0)
-        cache = commit_path(out.cache, acc.path, advance)
-        drafter_state = drafter.commit(
-            drafter_state,
-            acc,
-            advance,
-            target=target,
-            target_hidden=out.hidden[feature_layers[0]] if feature_layers else None,
-        )
-        last_accepted = jnp.take_along_axis(
-            tree.tokens, jnp.take_along_axis(acc.path, acc.n_accepted[:, None], axis=1), axis=1
-        )[:, 0]
-        hist = s.accepted_hist + jnp.where(
-            live[:, None], jax.nn.one_hot(acc.n_accepted, p, dtype=jnp.int32), 0
-        )
-        return _SpecState(
-            tokens=tokens,
-            n_generated=n_generated,
-            done=done,
-            root=jnp.where(live, acc.next_token, s.root),
-            prev=jnp.where(live, last_accepted, s.prev),
-            cache=cache,
-            drafter_state=drafter_state,
-            target_calls=s.target_calls + live,
-            accepted_hist=hist,
-        )
-
-    final = jax.lax.while_loop(cond, body, state)
-    steps = jnp.maximum(final.target_calls, 1)
-    accepted_total = jnp.sum(final.accepted_hist * jnp.arange(p)[None, :], axis=1)
-    stats = {
-        "target_calls": final.target_calls,
-        "accepted_hist": final.accepted_hist,
-        "tau": (accepted_total + final.target_calls) / steps,
-    }
-    if hasattr(drafter, "stats"):
-        stats.update(drafter.stats(final.drafter_state))
-    tokens = final.tokens[:, :max_new_tokens]
-    tokens = jnp.where(jnp.arange(max_new_tokens)[None, :] < final.n_generated[:, None], tokens, 0)
-    return GenerateOutput(tokens=tokens, lengths=final.n_generated, stats=stats)
-
-
-def _write_tokens(row, emitted, start, n_keep):
-    """Write emitted[:n_keep] into row [max_new + P] at start (slots past n_keep keep their 0s)."""
-    p = emitted.shape[0]
-    old = jax.lax.dynamic_slice(row, (start,), (p,))
-    new = jnp.where(jnp.arange(p) < n_keep, emitted, old)
-    return jax.lax.dynamic_update_slice(row, new, (start,))
 
 
 def speculative_generate(
@@ -214,40 +292,43 @@ def speculative_generate(
     sampling: SamplingConfig = SamplingConfig(),
     key=None,
     eos_id: int | None = None,
+    verifier=None,
 ) -> GenerateOutput:
     """Speculative decoding: the target's exact output distribution in fewer target calls.
 
     target: a specjax Llama; drafter: a Drafter (e.g. LMDrafter(draft_model) or
-    LMDrafter.self_draft(k)); prompts: list of token-id lists (ragged) or int array [B, T].
+    LMDrafter.self_draft(k)); prompts: list of token-id lists (ragged) or int array [B, T];
+    verifier: a Verifier (default FullVerifier(): the whole target verifies every node).
     Returns GenerateOutput(tokens [B, max_new_tokens], lengths [B], stats) with stats
     target_calls [B] (verification steps), tau [B] (mean tokens emitted per verification, accepted
-    + 1) and accepted_hist [B, max_depth + 1]. Greedy output equals `generate`'s; sampled output
-    has the same distribution.
+    + 1), accepted_hist [B, max_depth + 1] and nonfinite_logits [B] (steps in which the target
+    produced NaN/inf logits: the output of such a row is not trustworthy; it is reported, not
+    raised, since the check runs inside the compiled loop). Greedy output equals `generate`'s;
+    sampled output has the same distribution.
     """
-    check_sampling(sampling)
-    if not isinstance(config, SpecConfig):
-        raise ValueError(f"config must be a SpecConfig, got {type(config).__name__}")
-    drafter.check_compatible(target)
-    config.resolved_rule(sampling, drafter.samples_children)  # raises for an impossible pair
-    if config.tree.is_dynamic and not drafter.dynamic_trees:
-        raise ValueError(
-            f"{type(drafter).__name__} drafts static trees: give it TreeConfig(branching=...), "
-            "or use a feature drafter (specjax.load_drafter) for a dynamic tree budget"
-        )
+    check_speculative_args(target, drafter, config, sampling)
+    verifier = FullVerifier() if verifier is None else verifier
     cfg = target.config
-    ids, lens = prepare_prompts(prompts, cfg, max_new_tokens, extra_slots=config.tree.num_nodes + 1)
+    tree = config.tree
+    eos = check_eos(eos_id, cfg)
+    ids, lens = prepare_prompts(
+        prompts, cfg, max_new_tokens, extra_slots=tree_reserve(tree.num_nodes, tree.max_depth)
+    )
     keys = prepare_keys(key, ids.shape[0])
     target_def, target_params = nnx.split(target)
     drafter_def, drafter_params = nnx.split(drafter)
+    verifier_def, verifier_params = nnx.split(verifier)
     return _speculative(
         target_def,
         target_params,
         drafter_def,
         drafter_params,
+        verifier_def,
+        verifier_params,
         jnp.asarray(ids),
         jnp.asarray(lens),
         keys,
-        jnp.int32(-1 if eos_id is None else eos_id),
+        jnp.int32(eos),
         max_new_tokens=max_new_tokens,
         config=config,
         sampling=sampling,

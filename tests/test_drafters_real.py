@@ -10,9 +10,8 @@ import numpy as np
 import pytest
 
 import specjax
-from specjax.bench import encode_question, read_spec_bench, select_questions
-from specjax.benchmark import tinystories_prompts
 from specjax.config import SpecConfig, TreeConfig
+from specjax.datasets import encode_question, read_spec_bench, select_questions, tinystories_prompts
 from specjax.paths import (
     SMOLLM2,
     SMOLLM2_EAGLE,

@@ -23,9 +23,10 @@ from test_lossless_e2e import (
 
 import specjax
 from specjax.config import TINY, SamplingConfig, SpecConfig, TreeConfig
-from specjax.feature_drafter import EagleDrafter, HiddenStateDrafter
+from specjax.drafters import load_drafter
+from specjax.drafters.feature import EagleDrafter, HiddenStateDrafter
 from specjax.models.drafter import DrafterConfig, DrafterNet, target_parts, unrolled_outputs
-from specjax.train.checkpoint import load_drafter, load_drafter_net, save_drafter
+from specjax.train.checkpoint import load_drafter_net, save_drafter
 from specjax.train.data import Dataset
 from specjax.train.trainer import TrainConfig, train
 
@@ -144,7 +145,7 @@ def test_drafting_follows_the_unrolled_training_forward(tiny_target, kind):
     cache_len = 32
     from specjax.cache import init_cache
     from specjax.decode import prefill
-    from specjax.drafting import RootContext
+    from specjax.drafters.base import RootContext
 
     cache = init_cache(target.config, 1, cache_len)
     lens = jnp.asarray([n])

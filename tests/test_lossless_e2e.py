@@ -20,7 +20,7 @@ from flax import nnx
 
 import specjax
 from specjax.config import ModelConfig, SamplingConfig, SpecConfig, TreeConfig
-from specjax.drafting import LMDrafter
+from specjax.drafters.lm import LMDrafter
 from specjax.sampling import apply_sampling
 
 scipy_stats = pytest.importorskip("scipy.stats")

@@ -11,7 +11,7 @@ from jaxpr_checks import assert_one_loop_no_callbacks
 import specjax
 from specjax import speculative
 from specjax.config import TINY, SamplingConfig, SpecConfig, TreeConfig
-from specjax.drafting import LMDrafter
+from specjax.drafters.lm import LMDrafter
 from specjax.paths import LLAMA2XS, SMOLLM2, STORIES260K
 
 TREES = {

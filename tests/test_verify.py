@@ -494,8 +494,6 @@ def _batch_for(rule: str, key, n: int):
 
 @functools.partial(jax.jit, static_argnames=("rule",))
 def _call(rule, tree, p, keys):
-    if rule == "greedy":
-        return RULES[rule](tree, p, K)
     return RULES[rule](tree, p, keys, K)
 
 
@@ -624,7 +622,8 @@ def test_greedy_matches_reference(nn, v):
     # Probabilities (one-hot after the greedy transform) give the same answer as logits.
     probs = apply_sampling(jnp.asarray(logits), SamplingConfig(temperature=0.0))
     chex.assert_trees_all_equal(
-        verify_greedy(tree, probs, max_depth), verify_greedy(tree, jnp.asarray(logits), max_depth)
+        verify_greedy(tree, probs, None, max_depth),
+        verify_greedy(tree, jnp.asarray(logits), None, max_depth),
     )
 
 
@@ -639,7 +638,7 @@ def test_greedy_chain_equals_target_greedy_decoding():
     tree, p_nodes = draft_chain(jax.random.key(0), p_table, p_table, 1)
     tree = tree.replace(tokens=jnp.asarray([[0] + toks[:K]], jnp.int32))
     rows = [OFFSETS[t] + int(np.dot(toks[:t], V ** np.arange(t)[::-1])) for t in range(K + 1)]
-    acc = verify_greedy(tree, p_table[jnp.asarray(rows)][None], K)
+    acc = verify_greedy(tree, p_table[jnp.asarray(rows)][None], None, K)
     assert int(acc.n_accepted[0]) == K and int(acc.next_token[0]) == toks[K]
 
 

@@ -15,7 +15,14 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from specjax.attention import AttentionImpl, attend
+from specjax.attention import (
+    AttentionImpl,
+    attend,
+    attention_buckets,
+    block_visibility,
+    bucket_index,
+    resolve_impl,
+)
 from specjax.cache import KVCache
 from specjax.config import ModelConfig
 from specjax.models.layers import finish_layer, project_qkv, rms_norm, rope_angles
@@ -144,6 +151,14 @@ class Llama(nnx.Module):
         x = self.embed_tokens(tokens) if start == 0 and hidden is None else hidden
         cos, sin = rope_angles(positions, cfg.head_dim, cfg.rope_theta)
         weights = self.layers.arrays()
+        # Built once per call rather than once per layer: which cache positions each block token
+        # sees, and (reference attention) the cache prefix worth reading.
+        visible = bucket = None
+        if resolve_impl(attn_impl) == "reference":
+            visible = block_visibility(cache.lengths, tree_mask, cache.max_len)
+            bucket = bucket_index(
+                cache.lengths, tree_mask.shape[-1], attention_buckets(cache.max_len)
+            )
 
         def body(carry, xs):
             # The whole cache rides in the carry; only the block's K/V are written into it (in
@@ -157,7 +172,16 @@ class Llama(nnx.Module):
             v_all = write_layer_block(v_all, layer, v, cache.lengths)
             k_layer = jax.lax.dynamic_index_in_dim(k_all, layer, 0, keepdims=False)
             v_layer = jax.lax.dynamic_index_in_dim(v_all, layer, 0, keepdims=False)
-            attn = attend(q, k_layer, v_layer, cache.lengths, tree_mask, attn_impl)
+            attn = attend(
+                q,
+                k_layer,
+                v_layer,
+                cache.lengths,
+                tree_mask,
+                attn_impl,
+                visible=visible,
+                bucket=bucket,
+            )
             return (finish_layer(p, x, attn, cfg), k_all, v_all), None
 
         # Scan segment by segment so the requested hidden states fall on segment boundaries.

@@ -108,24 +108,6 @@ def load_drafter_net(path: str | Path) -> DrafterNet:
     return net
 
 
-def load_drafter(path: str | Path, target, *, reuse: bool = True, fresh_slots: int | None = None):
-    """A Drafter (HiddenStateDrafter or EagleDrafter) from a drafter directory, bound to
-    `target` (a specjax Llama, or a specjax.Loaded). Raises ValueError when the drafter was
-    trained for a target of other shapes or vocabulary. reuse / fresh_slots: the mdc draft-reuse
-    switches (see HiddenStateDrafter; None: its default)."""
-    from specjax.feature_drafter import EagleDrafter, HiddenStateDrafter
-
-    model = getattr(target, "model", target)
-    net = load_drafter_net(path)
-    if net.config.kind == "mdc":
-        fresh = {} if fresh_slots is None else {"fresh_slots": fresh_slots}
-        drafter = HiddenStateDrafter(net, model, reuse=reuse, **fresh)
-    else:
-        drafter = EagleDrafter(net, model)
-    drafter.check_compatible(model)
-    return drafter
-
-
 def write_card(out_dir: str | Path, lines: dict) -> Path:
     """CARD.md: a title and one bullet per (field, value)."""
     out_dir = Path(out_dir)

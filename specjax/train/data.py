@@ -98,7 +98,7 @@ class DistillConfig:
 
 def training_prompts(tokenizer, cfg: DistillConfig) -> list[list[int]]:
     """Prompt ids for distillation (see the module docstring for the sets)."""
-    from specjax.bench import SPEC_BENCH_FILES, encode_question, read_spec_bench
+    from specjax.datasets import SPEC_BENCH_FILES, encode_question, read_spec_bench
 
     if cfg.kind == "chat":
         from specjax.train.broad_prompts import broad_prompts

@@ -14,8 +14,9 @@ import numpy as np
 from flax import nnx
 
 from specjax.config import SamplingConfig, SpecConfig, TreeConfig
+from specjax.drafters.loading import load_drafter
 from specjax.models.drafter import DrafterConfig, DrafterNet, target_parts
-from specjax.train.checkpoint import load_drafter, save_drafter, write_card
+from specjax.train.checkpoint import save_drafter, write_card
 from specjax.train.data import DistillConfig, build_dataset, draft_vocabulary, load_dataset
 from specjax.train.trainer import TrainConfig, feature_scale, train
 
@@ -25,8 +26,12 @@ CARD_TREE = TreeConfig.dynamic(31, 6, 8)
 
 def eval_prompts(loaded, kind: str, n: int) -> tuple[str, list[list[int]]]:
     """Held-out prompts: MT-bench first turns (chat) or TinyStories dev prefixes (story)."""
-    from specjax.bench import encode_question, read_spec_bench, select_questions
-    from specjax.benchmark import tinystories_prompts
+    from specjax.datasets import (
+        encode_question,
+        read_spec_bench,
+        select_questions,
+        tinystories_prompts,
+    )
 
     if kind == "chat":
         qs = select_questions(read_spec_bench("mt_bench_question.jsonl"), n)

@@ -2,8 +2,9 @@
 
 Axis letters: B batch, N tree nodes, V vocab, P = max_depth + 1 path slots.
 
-Signatures (max_depth is static; every rule returns specjax.tree.Acceptance):
-    verify_greedy(tree, p, max_depth)                  p may be logits (argmax only)
+One signature for every rule, rule(tree, p, key, max_depth) -> specjax.tree.Acceptance
+(max_depth static; key: per-row PRNG keys [B]):
+    verify_greedy(tree, p, key, max_depth)             p may be logits (argmax only), key unused
     verify_chain(tree, p, key, max_depth)              standard speculative sampling, chains
     verify_tree_onehot(tree, p, key, max_depth)        deterministic (top-k) children
     verify_tree_sampled(tree, p, key, max_depth)       children i.i.d. from tree.draft_dist

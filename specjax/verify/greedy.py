@@ -29,10 +29,12 @@ def accepted_nodes(tree: DraftTree, target_tokens: jax.Array, max_depth: int) ->
     return acc
 
 
-def verify_greedy(tree: DraftTree, p: jax.Array, max_depth: int) -> Acceptance:
-    """Greedy acceptance. tree: N nodes; p [B, N, V] target probabilities or logits (only the
-    argmax is used); max_depth static. Returns Acceptance(path [B, P], n_accepted [B],
+def verify_greedy(tree: DraftTree, p: jax.Array, key, max_depth: int) -> Acceptance:
+    """Greedy acceptance. tree: N nodes; p [B, N, V] target logits or probabilities (only the
+    argmax is used, so callers pass raw logits: no softmax); key unused (the common rule
+    signature); max_depth static. Returns Acceptance(path [B, P], n_accepted [B],
     next_token [B])."""
+    del key
     n = tree.num_nodes
     target_tokens = jnp.argmax(p, axis=-1).astype(jnp.int32)
     acc = accepted_nodes(tree, target_tokens, max_depth)

@@ -1,27 +1,7 @@
-"""The Drafter protocol the speculative engine calls, and the language-model drafter.
+"""Language-model drafters: a separate small draft model, or self-drafting with the target's
+first layers (standard speculative decoding).
 
-Axis letters: B batch, N tree nodes, S cache length, V vocab, T prompt tokens.
-
-A drafter is an `nnx.Module` (split outside jit, merged inside, like the target) with three
-methods, all traced inside the engine's `lax.while_loop`:
-
-- `init_state(target, prompt_ids, prompt_lens, cache_len, *, config, target_hidden)` -> drafter
-  state (a pytree), after the target prefill; the committed sequence is
-  prompt_ids[b, :prompt_lens[b]].
-- `propose(state, target, root_ctx, keys, *, config, sampling)` -> (DraftTree, state): a tree
-  with config.tree's node budget and depth whose node 0 is the pending root token; keys [B]
-  per-row keys.
-- `commit(state, acceptance, advance, *, target, target_hidden)` -> state, after verification.
-
-Class attributes tell the engine what a drafter needs: `uses_target_features` (the engine then
-computes the target's last hidden state and passes it as target_hidden: [B, T, M] for the prompt,
-[B, N, M] for the verified tree; None otherwise) and `samples_children` (False for drafters whose
-children are top-k, which sampled decoding verifies with the one-hot tree rule) and
-`dynamic_trees` (whether it can choose the topology of a TreeConfig.dynamic budget). An optional
-`stats(state)` returns per-row statistics [B] merged into the output's stats.
-
-The engine's convention: the target cache holds positions [0, lengths); the root (the last emitted
-token) is pending at position `lengths`; the verified tree block is written at [lengths, lengths+N).
+Axis letters: B batch, N tree nodes, W frontier nodes, S cache length, V vocab, T prompt tokens.
 """
 
 from __future__ import annotations
@@ -35,21 +15,9 @@ from flax import nnx
 
 from specjax.cache import KVCache, commit_path, init_cache
 from specjax.config import SamplingConfig, SpecConfig, TreeConfig
+from specjax.drafters.base import RootContext
 from specjax.sampling import apply_sampling
 from specjax.tree import Acceptance, DraftTree, causal_mask, static_ancestor_mask
-
-
-@flax.struct.dataclass
-class RootContext:
-    """What a drafter may know about each row when it proposes.
-
-    root [B]: pending token at position lengths; prev [B]: committed token at lengths - 1;
-    lengths [B]: committed positions in the target cache.
-    """
-
-    root: jax.Array
-    prev: jax.Array
-    lengths: jax.Array
 
 
 def tree_constants(tree_cfg: TreeConfig, batch: int) -> tuple[jax.Array, jax.Array]:
@@ -105,7 +73,7 @@ class LMDrafter(nnx.Module):
     is refed so the drafter's cache never has a hole after a fully accepted draft.
     """
 
-    uses_target_features = False
+    feature_layers: tuple[int, ...] = ()  # reads no target hidden states
     samples_children = True
     dynamic_trees = False  # drafts the static topology of TreeConfig.branching
 
@@ -140,7 +108,10 @@ class LMDrafter(nnx.Module):
             return target, self.self_draft_layers
         return self.draft_model, self.draft_model.config.n_layers
 
-    def _forward(self, target, tokens, positions, cache, tree_mask, attn_impl):
+    def _forward(self, target, tokens, positions, cache, tree_mask, attn_impl, rows=None):
+        """The drafter on a block written at cache.lengths; logits [B, R, V] of block rows
+        rows = (start, count) only (the frontier: the LM head is the costly part of a small
+        drafter), or None for no logits."""
         model, n = self._model_and_layers(target)
         out = model(
             tokens,
@@ -152,7 +123,10 @@ class LMDrafter(nnx.Module):
             return_hidden=(n,),
             compute_logits=False,
         )
-        return model.head(out.hidden[n]), out.cache
+        if rows is None:
+            return None, out.cache
+        start, count = rows
+        return model.head(out.hidden[n][:, start : start + count]), out.cache
 
     def init_state(
         self, target, prompt_ids, prompt_lens, cache_len, *, config: SpecConfig, target_hidden=None
@@ -197,11 +171,10 @@ class LMDrafter(nnx.Module):
         keys = jax.vmap(lambda k: jax.random.split(k, tree_cfg.max_depth))(keys)  # [B, D]
         for d, c in enumerate(tree_cfg.branching):
             block = jnp.concatenate([ctx.prev[:, None], tokens], axis=1)
-            logits, cache = self._forward(
-                target, block, positions, cache, block_mask, config.attn_impl
-            )
             lo, width = tree_cfg.level_start(d), tree_cfg.level_sizes[d]
-            frontier_logits = logits[:, 1 + lo : 1 + lo + width]  # [B, W, V]
+            frontier_logits, cache = self._forward(  # [B, W, V]
+                target, block, positions, cache, block_mask, config.attn_impl, rows=(1 + lo, width)
+            )
             child_tokens, child_prob, q = choose_children(
                 frontier_logits, c, sample_children, sampling, keys[:, d]
             )
@@ -227,8 +200,17 @@ class LMDrafter(nnx.Module):
         acceptance: Acceptance,
         advance,
         *,
+        config: SpecConfig,
         target=None,
         target_hidden=None,
     ) -> LMDrafterState:
         del target, target_hidden
-        return LMDrafterState(cache=commit_path(state.cache, acceptance.path, advance))
+        # The drafter's block mirrors the target's: node i at lengths + i.
+        cache = commit_path(
+            state.cache,
+            acceptance.path,
+            advance,
+            num_nodes=config.tree.num_nodes,
+            is_chain=config.tree.is_chain,
+        )
+        return LMDrafterState(cache=cache)

@@ -34,7 +34,7 @@ from flax import nnx
 
 from specjax.cache import KVCache, init_cache
 from specjax.config import SamplingConfig, SpecConfig, TreeConfig
-from specjax.drafting import RootContext
+from specjax.drafters.base import RootContext
 from specjax.models.drafter import DrafterNet, TargetParts, shift_right
 from specjax.models.layers import decoder_layer, rope_angles
 from specjax.sampling import apply_sampling
@@ -81,13 +81,14 @@ def tree_budget(tree: TreeConfig) -> tuple[int, int, int]:
 class FeatureDrafter(nnx.Module):
     """Shared machinery of the two feature drafters (see the module docstring)."""
 
-    uses_target_features = True  # the engine passes the target's last hidden states
     samples_children = False  # children are top-k: sampled decoding uses the one-hot tree rule
     dynamic_trees = True  # chooses the topology within the TreeConfig's budget
 
     def __init__(self, net: DrafterNet, target):
         self.net = net
         self.check_compatible(target)
+        # The target's last hidden state (before the final norm), at the prompt and every node.
+        self.feature_layers = (target.config.n_layers,)
         w = target.embed[...].T if target.config.tie_embeddings else target.lm_head[...]
         self.head_u = TargetHead(jnp.take(w, net.draft_vocab[...], axis=1))
 
@@ -135,7 +136,8 @@ class FeatureDrafter(nnx.Module):
     def init_state(
         self, target, prompt_ids, prompt_lens, cache_len, *, config: SpecConfig, target_hidden
     ) -> FeatureDrafterState:
-        """target_hidden [B, T, M]: the target's last hidden state at every prompt position."""
+        """target_hidden {L: [B, T, M]}: the target's last hidden state at every prompt position."""
+        target_hidden = target_hidden[self.feature_layers[0]]
         b, t = prompt_ids.shape
         parts = self._parts(target)
         x = self.net.fuse(shift_right(target_hidden, 1), jnp.take(parts.embed, prompt_ids, 0))
@@ -205,10 +207,19 @@ class FeatureDrafter(nnx.Module):
         return tree, state
 
     def commit(
-        self, state: FeatureDrafterState, acceptance: Acceptance, advance, *, target, target_hidden
+        self,
+        state: FeatureDrafterState,
+        acceptance: Acceptance,
+        advance,
+        *,
+        config: SpecConfig,
+        target,
+        target_hidden,
     ) -> FeatureDrafterState:
         """Recompute the accepted path's cache entries from the target's hidden states
-        target_hidden [B, N, M] (the verification pass), advance lengths by `advance` [B]."""
+        target_hidden {L: [B, N, M]} (the verification pass), advance lengths by `advance` [B]."""
+        del config
+        target_hidden = target_hidden[self.feature_layers[0]]
         path, n_acc = acceptance.path, acceptance.n_accepted
         b, p = path.shape
         live = advance > 0

@@ -1,0 +1,85 @@
+"""Drafters named by a string, as the CLI and the benchmark take them, and the tree each gets.
+
+"self:K" self-drafts with the target's first K layers; a path to a checkpoint is a draft model
+sharing the target's vocabulary; a directory with drafter.json is a trained feature drafter,
+optionally with an ablation switch: "DIR:noreuse", "DIR:freshN".
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from specjax.config import TreeConfig
+from specjax.drafters.lm import LMDrafter
+from specjax.drafters.loading import load_drafter
+from specjax.io import load
+
+
+def parse_tree(spec: str | None, default_depth: int = 4):
+    """--tree "N,DEPTH,TOPK" -> TreeConfig: TOPK children at the root and at every level while the
+    number of draft nodes (root excluded) stays within N, then single children down to DEPTH (a
+    chain when TOPK = 1)."""
+    if spec is None:
+        return TreeConfig.chain(default_depth)
+    try:
+        budget, depth, topk = (int(x) for x in spec.split(","))
+    except ValueError:
+        raise ValueError(f"--tree expects N,DEPTH,TOPK (three ints), got {spec!r}") from None
+    if min(budget, depth, topk) < 1:
+        raise ValueError(f"--tree values must be >= 1, got {spec!r}")
+    branching = []
+    for _ in range(depth):
+        b = topk if TreeConfig(branching=(*branching, topk)).num_nodes - 1 <= budget else 1
+        branching.append(b)
+    tree = TreeConfig(branching=tuple(branching))
+    if tree.num_nodes - 1 > budget:
+        raise ValueError(
+            f"--tree {spec}: depth {depth} alone needs {tree.num_nodes - 1} nodes "
+            f"(> budget {budget})"
+        )
+    return tree
+
+
+def is_feature_drafter(spec: str) -> bool:
+    """Whether --drafter names a trained feature drafter (a directory with drafter.json)."""
+    return (Path(split_drafter_switch(spec)[0]) / "drafter.json").exists()
+
+
+def split_drafter_switch(spec: str) -> tuple[str, dict]:
+    """Ablation switches of a trained hidden-state drafter, spelled DIR:SWITCH:
+    "DIR:noreuse" -> (DIR, {"reuse": False}); "DIR:fresh2" -> (DIR, {"fresh_slots": 2})."""
+    head, _, switch = spec.rpartition(":")
+    if head and switch == "noreuse":
+        return head, {"reuse": False}
+    if head and switch.startswith("fresh") and switch[5:].isdigit():
+        return head, {"fresh_slots": int(switch[5:])}
+    return spec, {}
+
+
+def make_drafter(spec: str, target_loaded):
+    """--drafter PATH (a draft model sharing the target's vocabulary, or a trained feature drafter
+    directory from `specjax train-drafter`, optionally DIR:noreuse / DIR:freshN) or self:K."""
+    if spec.startswith("self:"):
+        return LMDrafter.self_draft(int(spec.split(":", 1)[1]))
+    path, switches = split_drafter_switch(spec)
+    if is_feature_drafter(path):
+        if target_loaded is None:
+            raise ValueError(f"{spec}: a feature drafter needs its target to load")
+        return load_drafter(path, target_loaded.model, **switches)
+    return LMDrafter(load(spec).model)
+
+
+def tree_for(drafter_spec: str | None, tree_spec: str | None):
+    """The TreeConfig for a drafter: feature drafters read --tree N,DEPTH,TOPK as a dynamic
+    budget (default 31 nodes, depth 6, top-8); draft models build the static tree of parse_tree."""
+    if drafter_spec and is_feature_drafter(drafter_spec):
+        if tree_spec is None:
+            return TreeConfig.dynamic(31, 6, 8)
+        try:
+            nodes, depth, topk = (int(x) for x in tree_spec.split(","))
+        except ValueError:
+            raise ValueError(
+                f"--tree expects N,DEPTH,TOPK (three ints), got {tree_spec!r}"
+            ) from None
+        return TreeConfig.dynamic(nodes, depth, topk)
+    return parse_tree(tree_spec)
