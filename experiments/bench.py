@@ -9,7 +9,8 @@ bench_tau.png, bench_speedup.png, bench_accepted.png.
     python experiments/bench.py --prompts my_spec_bench_questions.jsonl --targets smollm2
 
 The harness lives in specjax.bench (also behind `specjax bench`); see its docstring for the
-definition of every column.
+definition of every column. The default targets, datasets and methods are the suites of
+experiments/bench_suites.py.
 """
 
 from __future__ import annotations
@@ -17,9 +18,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from bench_suites import SUITES
+
 from specjax.bench import main
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
 if __name__ == "__main__":
-    sys.exit(main(default_out=RESULTS / "bench.md", prog="python experiments/bench.py"))
+    sys.exit(
+        main(default_out=RESULTS / "bench.md", prog="python experiments/bench.py", suites=SUITES)
+    )

@@ -181,7 +181,7 @@ def test_transformers_assisted_peer_stories(shared_dir):
     """Assisted generation with llama2xs-279K for stories260K, same weights as specjax."""
     pytest.importorskip("transformers")
     require(shared_dir / STORIES260K)
-    suite = bench.SUITES["stories260K"]
+    suite = bench.load_suites()["stories260K"]
     target, _ = suite.load()
     prompts = dataclasses.replace(suite.datasets[0], n_prompts=2, max_new_tokens=8)
     methods = [bench.Method(kind=bench.HF_ASSISTED, drafter=LLAMA2XS)]

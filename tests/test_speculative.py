@@ -79,22 +79,27 @@ def test_row_output_independent_of_other_rows(tiny_pair, rule):
 
 def test_no_recompile_and_single_while_loop(tiny_pair):
     target, drafter = tiny_pair
-    statics = ("target_def", "drafter_def", "max_new_tokens", "config", "sampling")
+    statics = ("target_def", "drafter_def", "verifier_def", "max_new_tokens", "config", "sampling")
     jitted = jax.jit(
         chex.assert_max_traces(speculative._speculative.__wrapped__, n=1), static_argnames=statics
     )
     tdef, tparams = nnx.split(target)
     ddef, dparams = nnx.split(drafter)
+    vdef, vparams = nnx.split(specjax.FullVerifier())
     cfg, sampling = SpecConfig(tree=TreeConfig(branching=(2, 1))), SamplingConfig(temperature=1.0)
     keys = specjax.decode.prepare_keys(jax.random.key(0), 2)
     kwargs = dict(max_new_tokens=6, config=cfg, sampling=sampling)
     for prompts in ([[1, 2, 3], [4, 5, 6]], [[7, 8, 9], [2, 2, 2]]):
         ids, lens = specjax.decode.prepare_prompts(prompts, TINY, 6, 5)
-        jitted(tdef, tparams, ddef, dparams, ids, lens, keys, jnp.int32(-1), **kwargs)
+        jitted(
+            tdef, tparams, ddef, dparams, vdef, vparams, ids, lens, keys, jnp.int32(-1), **kwargs
+        )
     ids, lens = specjax.decode.prepare_prompts([[1, 2, 3]], TINY, 6, 5)
     fn = speculative._speculative.__wrapped__
     jaxpr = jax.make_jaxpr(
-        lambda tp, dp, i, l, k: fn(tdef, tp, ddef, dp, i, l, k, jnp.int32(-1), **kwargs)
+        lambda tp, dp, i, l, k: fn(
+            tdef, tp, ddef, dp, vdef, vparams, i, l, k, jnp.int32(-1), **kwargs
+        )
     )(tparams, dparams, ids, lens, keys[:1])
     assert_one_loop_no_callbacks(jaxpr)
 

@@ -1,0 +1,66 @@
+"""The default suites of the Spec-Bench-style benchmark: each reference target with its datasets
+and methods (the shipped drafters included). experiments/bench.py runs them, and `specjax bench`
+reads this file from a repository checkout (specjax.bench.load_suites).
+
+Sized for one reproducible CPU run of all suites in under 30 minutes (2 cores), transformers peer
+included; pass --n-prompts / --max-new-tokens / --datasets for larger runs.
+"""
+
+from __future__ import annotations
+
+from specjax.bench import AR, HF_ASSISTED, HF_GENERATE, HF_LOOKUP, SPEC, Dataset, Method, Suite
+from specjax.config import TreeConfig
+from specjax.datasets import TINYSTORIES
+from specjax.paths import (
+    LLAMA2XS,
+    SMOLLM2,
+    SMOLLM2_EAGLE,
+    SMOLLM2_MDC,
+    STORIES260K,
+    STORIES260K_EAGLE,
+    STORIES260K_MDC,
+)
+
+# The trained drafters' tree in the default suites: 31 draft nodes, depth 6, top-8.
+FEATURE_TREE = TreeConfig.dynamic(31, 6, 8)
+
+SUITES = {
+    "stories260K": Suite(
+        name="stories260K",
+        model=STORIES260K,
+        kind="story",
+        # Fixed-length stories (as experiments/bench_engine.py): stories260K ends a story with
+        # BOS rather than EOS, so stopping would change nothing but the comparability of tau.
+        stop_at_eos=False,
+        datasets=(Dataset.named(TINYSTORIES, 10, 128),),
+        methods=(
+            Method(kind=AR),
+            Method(kind=SPEC, drafter=LLAMA2XS, tree=TreeConfig.chain(4)),
+            Method(kind=SPEC, drafter=LLAMA2XS, tree=TreeConfig(branching=(4, 1, 1, 1))),
+            Method(kind=SPEC, drafter="self:2", tree=TreeConfig.chain(2)),
+            Method(kind=SPEC, drafter=STORIES260K_EAGLE, tree=FEATURE_TREE),
+            Method(kind=SPEC, drafter=STORIES260K_MDC, tree=FEATURE_TREE),
+            Method(kind=HF_GENERATE),
+            Method(kind=HF_ASSISTED, drafter=LLAMA2XS),
+        ),
+    ),
+    "smollm2": Suite(
+        name="SmolLM2-135M-Instruct",
+        model=SMOLLM2,
+        kind="chat",
+        datasets=(Dataset.named("mt_bench", 8, 64),),
+        # Every drafter specjax has for this target: self-drafting with its first 8 of 30 layers
+        # (no smaller model shares its vocabulary in the shared folder) and the two trained
+        # feature drafters. One tree shape each, to keep the whole run under 30 minutes on 2 CPU
+        # cores (experiments/drafters.py compares budgets): the (3,1) tree was faster than a
+        # chain of 3 for self-drafting in smoke runs (the chain: --methods ar self:8@3,3,1 ...).
+        methods=(
+            Method(kind=AR),
+            Method(kind=SPEC, drafter="self:8", tree=TreeConfig(branching=(3, 1))),
+            Method(kind=SPEC, drafter=SMOLLM2_EAGLE, tree=FEATURE_TREE),
+            Method(kind=SPEC, drafter=SMOLLM2_MDC, tree=FEATURE_TREE),
+            Method(kind=HF_GENERATE),
+            Method(kind=HF_LOOKUP),
+        ),
+    ),
+}

@@ -1,0 +1,149 @@
+"""What the benchmark runs: the method kinds, `Method` (kind, drafter, tree, rule, display name)
+and its command-line spelling `parse_method`, and `resolve_drafter` (where a drafter spec
+points)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from specjax.config import SpecConfig, TreeConfig
+from specjax.datasets import resolve_path
+
+AR = "ar"  # specjax.generate: the baseline of every speedup
+SPEC = "spec"  # specjax.speculative_generate with a drafter and a tree
+HF_GENERATE = "hf"  # transformers generate()
+HF_ASSISTED = "hf-assisted"  # transformers assisted generation with a draft model
+HF_LOOKUP = "hf-pld"  # transformers prompt-lookup decoding
+PEER_KINDS = (HF_GENERATE, HF_ASSISTED, HF_LOOKUP)
+
+# Spec-Bench's prompt-lookup setting (num_pred_tokens = 10); transformers' defaults for the
+# assistant, set explicitly so that the header states what ran whatever the installed version.
+DEFAULT_LOOKUP_TOKENS = 10
+HF_ASSISTANT_SETTINGS = dict(
+    num_assistant_tokens=20,
+    num_assistant_tokens_schedule="constant",
+    assistant_confidence_threshold=0.4,
+)
+
+
+def checkpoint_label(path: str) -> str:
+    """llama2xs-279K for models/llama2xs-279K/model.bin (the folder names the model), the
+    directory's own name for a trained drafter (checkpoints/smollm2-mdc -> smollm2-mdc)."""
+    p = Path(path)
+    if p.suffix == "":  # a drafter directory, possibly with an ablation switch
+        return p.name
+    return p.parent.name or p.stem
+
+
+def resolve_drafter(spec: str) -> str:
+    """self:K as is; a trained drafter directory relative to the current directory or to the
+    repository (checkpoints/...); else a draft model under the shared models folder."""
+    from specjax.drafters.spec import is_feature_drafter
+    from specjax.paths import repo_dir
+
+    if spec.startswith("self:"):
+        return spec
+    for candidate in (spec, str(repo_dir() / spec)):
+        if is_feature_drafter(candidate):
+            return candidate
+    return str(resolve_path(spec, "models"))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Method:
+    """What runs: kind AR | SPEC | HF_GENERATE | HF_ASSISTED | HF_LOOKUP.
+
+    drafter: for SPEC "self:K" (the target's first K layers) or a draft checkpoint path; for
+    HF_ASSISTED the assistant checkpoint (exported to transformers with the same weights).
+    tree/rule: SPEC's draft tree and acceptance rule; lookup_tokens: HF_LOOKUP's
+    prompt_lookup_num_tokens. label: display name (derived when empty).
+    """
+
+    kind: str
+    drafter: str | None = None
+    tree: TreeConfig | None = None
+    rule: str = "auto"
+    lookup_tokens: int = DEFAULT_LOOKUP_TOKENS
+    label: str = ""
+
+    def __post_init__(self):
+        if self.kind not in (AR, SPEC, *PEER_KINDS):
+            raise ValueError(f"unknown method kind {self.kind!r}")
+        if self.kind in (SPEC, HF_ASSISTED) and not self.drafter:
+            raise ValueError(f"a {self.kind} method needs a drafter")
+        if self.kind == SPEC:
+            SpecConfig(tree=self.tree or TreeConfig(), rule=self.rule)  # validates the pair
+
+    @property
+    def is_peer(self) -> bool:
+        return self.kind in PEER_KINDS
+
+    @property
+    def config(self) -> SpecConfig:
+        return SpecConfig(tree=self.tree or TreeConfig(), rule=self.rule)
+
+    @property
+    def name(self) -> str:
+        if self.label:
+            return self.label
+        if self.kind == AR:
+            return "specjax autoregressive"
+        if self.kind == HF_GENERATE:
+            return "HF generate"
+        if self.kind == HF_LOOKUP:
+            return f"HF prompt lookup ({self.lookup_tokens})"
+        if self.kind == HF_ASSISTED:
+            return f"HF assisted ({checkpoint_label(self.drafter)})"
+        tree = self.config.tree
+        if tree.is_chain:
+            shape = f"chain {tree.max_depth}"
+        elif tree.is_dynamic:
+            shape = f"tree {tree.budget}/d{tree.max_depth}/top{tree.topk}"
+        else:
+            shape = "tree (" + ",".join(map(str, tree.branching)) + ")"
+        if self.drafter.startswith("self:"):
+            who = f"self-draft {self.drafter.split(':', 1)[1]}L"
+        else:
+            who = checkpoint_label(self.drafter)
+        rule = "" if self.rule == "auto" else f", {self.rule}"
+        return f"{who} {shape}{rule}"
+
+    @property
+    def draft_nodes(self) -> str:
+        """Draft tokens per target call (the tree budget, root excluded)."""
+        if self.kind == SPEC:
+            return str(self.config.tree.num_nodes - 1)
+        if self.kind == HF_LOOKUP:
+            return f"<={self.lookup_tokens}"
+        if self.kind == HF_ASSISTED:
+            return f"<={HF_ASSISTANT_SETTINGS['num_assistant_tokens']}"
+        return "-"
+
+
+def parse_method(spec: str) -> Method:
+    """A method from its command-line spelling:
+
+    ar | hf | hf-pld[:K] | hf-assisted:CHECKPOINT | DRAFTER[@N,DEPTH,TOPK[@RULE]]
+
+    DRAFTER is self:K, a draft checkpoint (same vocabulary as the target) or a trained drafter
+    directory (checkpoints/...); the tree is `specjax generate --tree`'s N,DEPTH,TOPK (default: a
+    chain of 4; for trained drafters a dynamic budget, default 31,6,8); RULE one of SpecConfig's.
+    """
+    spec = spec.strip()
+    if spec == AR:
+        return Method(kind=AR)
+    if spec == HF_GENERATE:
+        return Method(kind=HF_GENERATE)
+    if spec == HF_LOOKUP or spec.startswith(HF_LOOKUP + ":"):
+        k = spec.split(":", 1)[1] if ":" in spec else DEFAULT_LOOKUP_TOKENS
+        return Method(kind=HF_LOOKUP, lookup_tokens=int(k))
+    if spec.startswith(HF_ASSISTED + ":"):
+        return Method(kind=HF_ASSISTED, drafter=spec.split(":", 1)[1])
+    drafter, *rest = spec.split("@")
+    if not drafter or len(rest) > 2:
+        raise ValueError(f"method {spec!r}: expected DRAFTER[@N,DEPTH,TOPK[@RULE]]")
+    from specjax.drafters.spec import tree_for
+
+    tree = tree_for(resolve_drafter(drafter), rest[0] if rest else None)
+    return Method(kind=SPEC, drafter=drafter, tree=tree, rule=rest[1] if len(rest) > 1 else "auto")

@@ -1,0 +1,243 @@
+"""Writing the results: the table's columns and rows as markdown (with every greedy mismatch
+explained), the tau / speedup / accepted-length plots, the json of every row, and the settings
+named in each results header (`header_settings`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import platform
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from specjax.bench.harness import Row
+from specjax.bench.hf_peer import hf_available, peer_description
+from specjax.bench.methods import AR, HF_ASSISTED, HF_LOOKUP, SPEC
+
+if TYPE_CHECKING:
+    from specjax.bench.suites import Suite
+
+COLUMNS = (
+    "target",
+    "dataset",
+    "T",
+    "method",
+    "draft nodes",
+    "tau (95% CI)",
+    "tokens/s",
+    "speedup vs AR (min-max)",
+    "vs HF generate",
+    "vs HF spec",
+    "compile s",
+    "greedy = AR",
+)
+
+
+def _fmt(x: float, spec: str, suffix: str = "") -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:{spec}}{suffix}"
+
+
+def format_row(r: Row) -> str:
+    tau = "1.00" if r.kind == AR else f"{r.tau:.2f} ± {r.tau_ci:.2f}"
+    lo, hi = r.speedup_range
+    equal = ""
+    if not math.isnan(r.greedy_equal):
+        n_equal = round(r.greedy_equal * r.n_prompts)
+        equal = f"{r.greedy_equal:.0%} ({n_equal}/{r.n_prompts})"
+    cells = (
+        r.target,
+        r.dataset,
+        f"{r.temperature:g}",
+        r.method,
+        r.draft_nodes,
+        tau,
+        f"{r.tokens_per_s:.1f}",
+        f"{r.speedup:.2f}x ({lo:.2f}-{hi:.2f})",
+        _fmt(r.vs_hf_generate, ".2f", "x"),
+        _fmt(r.vs_hf_spec, ".2f", "x"),
+        _fmt(r.compile_s, ".1f"),
+        equal,
+    )
+    return "| " + " | ".join(cells) + " |"
+
+
+BENCH_TITLE = (
+    "Spec-Bench-style benchmark: specjax methods, autoregressive decoding and transformers"
+)
+
+
+def write_markdown(
+    rows: Sequence[Row],
+    header: str,
+    path: str | Path,
+    notes: Sequence[str] = (),
+    title: str = BENCH_TITLE,
+):
+    """The results table with its header, definitions and the explanation of every mismatch."""
+    lines = [
+        f"# {title}",
+        "",
+        header,
+        "",
+        "| " + " | ".join(COLUMNS) + " |",
+        "|" + "---|" * len(COLUMNS),
+        *(format_row(r) for r in rows),
+        "",
+        "tau: tokens emitted per target call (accepted + 1), mean over prompts (transformers: "
+        "generated tokens / target forward calls). tokens/s: generated tokens (EOS included) / "
+        "median wall time of the prompt set. speedup vs AR: throughput over specjax "
+        "autoregressive decoding, paired per interleaved repetition in this process, median "
+        "(min-max). vs HF generate / vs HF spec: the same paired throughput ratio against "
+        "transformers `generate` and against its speculative peer (assisted generation or "
+        "prompt lookup) on the same weights. compile s: compile time of a specjax method "
+        "(warm-up minus run time), excluded from the repetitions. greedy = AR: prompts whose "
+        "T=0 output equals specjax autoregressive decoding token for token. On CPU, quote the "
+        "ratios, not absolute speed.",
+        "",
+    ]
+    mismatches = [(r, m) for r in rows for m in r.mismatches]
+    lines.append("## Greedy mismatches")
+    lines.append("")
+    if mismatches:
+        lines += [f"- {r.target} / {r.dataset} / {r.method}: {m}" for r, m in mismatches]
+    else:
+        lines.append("None: every greedy output equals specjax autoregressive decoding.")
+    if notes:
+        lines += ["", "## Notes", "", *(f"- {n}" for n in notes)]
+    Path(path).write_text("\n".join(lines) + "\n")
+
+
+def _groups(rows: Sequence[Row]) -> dict[tuple, list[Row]]:
+    groups: dict[tuple, list[Row]] = {}
+    for r in rows:
+        groups.setdefault((r.target, r.dataset, r.temperature), []).append(r)
+    return groups
+
+
+def write_plots(rows: Sequence[Row], stem: str | Path) -> list[Path]:
+    """Three figures next to the table: {stem}_tau.png (tau per method), {stem}_speedup.png
+    (speedup over specjax AR, min-max bars) and {stem}_accepted.png (fraction of target calls
+    that accepted n draft tokens, per speculative specjax method). Returns the paths written
+    (none when matplotlib is missing)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    stem = Path(stem)
+    groups = _groups(rows)
+    titles = [f"{t} / {d} / T={temp:g}" for t, d, temp in groups]
+    paths = []
+
+    def bar_figure(name: str, value, err, ylabel: str, hline: float | None):
+        fig, axes = plt.subplots(1, len(groups), figsize=(4.2 * len(groups), 4.2), squeeze=False)
+        for ax, title, group in zip(axes[0], titles, groups.values(), strict=True):
+            x = np.arange(len(group))
+            ax.bar(x, [value(r) for r in group], yerr=np.array([err(r) for r in group]).T)
+            if hline is not None:
+                ax.axhline(hline, color="k", lw=0.8)
+            ax.set_xticks(x, [r.method for r in group], rotation=70, ha="right", fontsize=7)
+            ax.set_title(title, fontsize=8)
+        axes[0][0].set_ylabel(ylabel)
+        fig.tight_layout()
+        path = stem.with_name(f"{stem.name}_{name}.png")
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+
+    bar_figure(
+        "tau",
+        lambda r: r.tau,
+        lambda r: (r.tau_ci, r.tau_ci),
+        "tau (tokens per target call)",
+        1.0,
+    )
+    bar_figure(
+        "speedup",
+        lambda r: r.speedup,
+        lambda r: (r.speedup - r.speedup_range[0], r.speedup_range[1] - r.speedup),
+        "throughput / specjax autoregressive",
+        1.0,
+    )
+    fig, axes = plt.subplots(1, len(groups), figsize=(4.2 * len(groups), 3.6), squeeze=False)
+    for ax, title, group in zip(axes[0], titles, groups.values(), strict=True):
+        spec_rows = [r for r in group if r.accepted_hist]
+        width = 0.8 / max(len(spec_rows), 1)
+        for i, r in enumerate(spec_rows):
+            h = np.asarray(r.accepted_hist, np.float64)
+            offset = (i - (len(spec_rows) - 1) / 2) * width  # bars centred on their count
+            ax.bar(np.arange(h.size) + offset, h / max(h.sum(), 1), width, label=r.method)
+        ax.set_xlabel("draft tokens accepted per target call")
+        ax.set_title(title, fontsize=8)
+        if spec_rows:
+            ax.legend(fontsize=6)
+    axes[0][0].set_ylabel("fraction of target calls")
+    fig.tight_layout()
+    path = stem.with_name(f"{stem.name}_accepted.png")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    paths.append(path)
+    return paths
+
+
+def write_json(rows: Sequence[Row], settings: dict, path: str | Path):
+    """Every row with its raw repetition times, and the settings, for later analysis."""
+
+    def clean(x):  # json has no nan
+        if isinstance(x, float) and math.isnan(x):
+            return None
+        if isinstance(x, (list, tuple)):
+            return [clean(v) for v in x]
+        return x
+
+    data = {
+        "settings": settings,
+        "rows": [{k: clean(v) for k, v in dataclasses.asdict(r).items()} for r in rows],
+    }
+    Path(path).write_text(json.dumps(data, indent=1) + "\n")
+
+
+def header_settings(
+    suites: Sequence[Suite],
+    *,
+    temperatures: Sequence[float],
+    reps: int,
+    hf: bool,
+    command: str,
+    prompts: Sequence[str] = (),
+) -> dict[str, str]:
+    """The settings named in every results file (after device_header's backend, device kind,
+    host and jax version): dtype, batch, tree budgets, temperatures, repetitions, peer, load."""
+    budgets = sorted(
+        {
+            f"{m.name}: {m.draft_nodes}"
+            for s in suites
+            for m in s.methods
+            if m.kind == SPEC or (hf and m.kind in (HF_ASSISTED, HF_LOOKUP))
+        }
+    )
+    settings = {
+        "dtype": "float32 (specjax and transformers)",
+        "batch": "1 (each prompt decoded alone; transformers' assisted generation takes batch 1)",
+        "temperatures": ", ".join(f"{t:g}" for t in temperatures)
+        + " (T=0 greedy; T>0 samples with top-k and top-p off)",
+        "tree budget (draft tokens per target call)": "; ".join(budgets) or "-",
+        "repetitions": f"{reps} interleaved (median, min-max), after one compile/warm-up call",
+    }
+    if prompts:
+        settings["prompts"] = "; ".join(prompts)
+    settings["transformers peer"] = peer_description() if hf and hf_available() else "not run"
+    host = f"{os.cpu_count()} cores"
+    if hasattr(os, "getloadavg"):  # other processes skew CPU timings: say how busy it was
+        host += f", 1-minute load average {os.getloadavg()[0]:.2f} at start"
+    settings["host load"] = host
+    settings["python"] = f"{platform.python_version()}"
+    settings["command"] = command
+    return settings

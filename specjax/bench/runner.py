@@ -1,0 +1,136 @@
+"""Running one method on one prompt set: the `Target` under test, the `Runner` protocol that
+`specjax.benchmark.time_interleaved` calls (warm-up, then timed repetitions, batch 1), the
+specjax runner (autoregressive or speculative) and the `Decoded` outputs a runner hands back.
+The transformers runner lives in specjax.bench.hf_peer."""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+
+import jax
+import numpy as np
+
+from specjax.bench.methods import Method
+from specjax.bench.prompts import Prompt, PromptSet
+
+
+@dataclasses.dataclass
+class Target:
+    """The model under test. eos_id: rows stop after emitting it (None: always max_new_tokens)."""
+
+    name: str
+    model: object
+    tokenizer: object | None = None
+    eos_id: int | None = None
+
+
+@dataclasses.dataclass
+class Decoded:
+    """One method's outputs on a prompt set: generated ids per prompt (EOS included), tau per
+    prompt, and the accepted-length histogram [P] summed over prompts (specjax SPEC only)."""
+
+    tokens: list[np.ndarray]
+    tau: list[float]
+    accepted_hist: np.ndarray | None = None
+
+    @property
+    def n_tokens(self) -> int:
+        return int(sum(len(t) for t in self.tokens))
+
+
+class Runner:
+    """One method on one prompt set, called by `time_interleaved` (which waits on nothing: every
+    prompt's result is waited on here, so the per-prompt times add up to the call's).
+
+    The first call only warms up: it decodes the prompts of `warm_indices()` (for specjax one per
+    padded prompt width, which compiles every program the set needs) and is timed as warm_s.
+    Later calls decode every prompt, batch 1, prompt i with seed i, and keep the outputs of the
+    last call (all calls give the same outputs).
+    """
+
+    def __init__(self, prompts: PromptSet):
+        self.prompts = prompts
+        self.warm_s: float | None = None
+        self.prompt_s: list[list[float]] = [[] for _ in prompts.prompts]  # [prompt][repetition]
+        self.outputs: list | None = None
+
+    def warm_indices(self) -> list[int]:
+        return [0]
+
+    def decode(self, i: int, prompt: Prompt):
+        raise NotImplementedError
+
+    def __call__(self) -> None:
+        if self.warm_s is None:
+            t0 = time.perf_counter()
+            for i in self.warm_indices():
+                self.decode(i, self.prompts.prompts[i])
+            self.warm_s = time.perf_counter() - t0
+            return
+        outs = []
+        for i, p in enumerate(self.prompts.prompts):
+            t0 = time.perf_counter()
+            outs.append(self.decode(i, p))
+            self.prompt_s[i].append(time.perf_counter() - t0)
+        self.outputs = outs
+
+    @property
+    def compile_s(self) -> float:
+        """Warm-up seconds minus what the warmed prompts take once compiled (their median)."""
+        ran = sum(statistics.median(self.prompt_s[i]) for i in self.warm_indices())
+        return max(self.warm_s - ran, 0.0)
+
+    def decoded(self) -> Decoded:
+        raise NotImplementedError
+
+
+class SpecjaxRunner(Runner):
+    """specjax.generate (drafter None) or specjax.speculative_generate with the method's tree."""
+
+    def __init__(self, target: Target, method: Method, drafter, prompts: PromptSet, sampling):
+        super().__init__(prompts)
+        self.target, self.method, self.drafter, self.sampling = target, method, drafter, sampling
+
+    def warm_indices(self) -> list[int]:
+        from specjax.decode import prepare_prompts
+
+        extra = self.method.config.tree.num_nodes + 1 if self.drafter is not None else 0
+        first_of_width: dict[int, int] = {}
+        for i, p in enumerate(self.prompts.prompts):
+            ids, _ = prepare_prompts(
+                [list(p.ids)], self.target.model.config, self.prompts.max_new_tokens, extra
+            )
+            first_of_width.setdefault(ids.shape[1], i)
+        return sorted(first_of_width.values())
+
+    def decode(self, i: int, prompt: Prompt):
+        import specjax
+
+        kw = dict(
+            max_new_tokens=self.prompts.max_new_tokens,
+            sampling=self.sampling,
+            key=jax.random.key(i),
+            eos_id=self.target.eos_id,
+        )
+        if self.drafter is None:
+            out = specjax.generate(self.target.model, [list(prompt.ids)], **kw)
+        else:
+            out = specjax.speculative_generate(
+                self.target.model, self.drafter, [list(prompt.ids)], config=self.method.config, **kw
+            )
+        return jax.block_until_ready(out)
+
+    def decoded(self) -> Decoded:
+        tokens, tau, hist = [], [], None
+        for o in self.outputs:
+            n = int(o.lengths[0])
+            tokens.append(np.asarray(o.tokens[0, :n]))
+            if o.stats is None:
+                tau.append(1.0)
+            else:
+                tau.append(float(o.stats["tau"][0]))
+                h = np.asarray(o.stats["accepted_hist"][0], np.int64)
+                hist = h if hist is None else hist + h
+        return Decoded(tokens=tokens, tau=tau, accepted_hist=hist)
