@@ -154,7 +154,15 @@ def _worker(case_index: int, reps: int, contexts: tuple[int, ...]) -> dict:
         advance = acc.n_accepted + 1
         if new:
             cache = specjax.FullVerifier().commit(cache, acc, advance, config=config)
-            dstate = d.commit(dstate, acc, advance, config=config, target=t, target_hidden=hidden)
+            dstate = d.commit(
+                dstate,
+                acc,
+                advance,
+                live=advance > 0,
+                config=config,
+                target=t,
+                target_hidden=hidden,
+            )
         else:
             cache = commit_path(cache, acc.path, advance)
             dstate = d.commit(dstate, acc, advance, target=t, target_hidden=hidden_arg(hidden))

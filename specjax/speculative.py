@@ -194,6 +194,7 @@ class SpeculativeLoop:
             drafter_state,
             acc,
             advance,
+            live=live,
             config=cfg,
             target=self.target,
             target_hidden=v.hidden,

@@ -151,9 +151,7 @@ def test_drafting_follows_the_unrolled_training_forward(tiny_target, kind):
     lens = jnp.asarray([n])
     _, _, hidden = prefill(target, prompt, lens, cache, "reference", return_hidden=(2,))
     config = SpecConfig(tree=TreeConfig.chain(depth))
-    state = drafter.init_state(
-        target, prompt, lens, cache_len, config=config, target_hidden=hidden[2]
-    )
+    state = drafter.init_state(target, prompt, lens, cache_len, config=config, target_hidden=hidden)
     root = jnp.asarray([4])
     ctx = RootContext(root=root, prev=prompt[:, -1], lengths=lens)
     tree, _ = drafter.propose(
@@ -202,7 +200,9 @@ def test_reuse_serves_tokens_and_saves_chain_calls(tiny_target):
 @pytest.mark.parametrize("kind", ["mdc", "mdc2"])
 def test_checkpoint_round_trip(tmp_path, tiny_target, kind):
     drafter = make_drafter(kind, tiny_target, seed=7)
-    save_drafter(drafter.net, tmp_path / "d", target_name="tiny", dtype="float32")
+    save_drafter(
+        drafter.net, tmp_path / "d", target_name="tiny", dtype="float32", target=tiny_target
+    )
     net = load_drafter_net(tmp_path / "d")
     assert net.config == drafter.net.config
     chex.assert_trees_all_close(

@@ -613,7 +613,7 @@ def test_greedy_matches_reference(nn, v):
     rng = np.random.default_rng(nn)
     tree, logits = random_trees(rng, 256, nn, v)
     max_depth = int(np.asarray(tree.depth).max())
-    acc = jax.jit(verify_greedy, static_argnums=2)(tree, jnp.asarray(logits), max_depth)
+    acc = jax.jit(verify_greedy, static_argnums=3)(tree, jnp.asarray(logits), None, max_depth)
     acc = jax.tree.map(np.asarray, acc)
     for b, (path, n_acc, nxt) in enumerate(greedy_reference(tree, logits)):
         assert acc.n_accepted[b] == n_acc

@@ -84,9 +84,11 @@ class Drafter(Protocol):
         acceptance: Acceptance,
         advance: jax.Array,
         *,
+        live: jax.Array,
         config: SpecConfig,
         target,
         target_hidden: dict,
     ):
-        """Update after verification: advance [B] committed positions (0 for finished rows);
-        target_hidden {i: [B, N, M]} at the verified tree's nodes."""
+        """Update after verification: advance [B] committed positions (0 for finished rows and
+        for rows finishing in this step); live [B] rows that were live in this step (count
+        their statistics); target_hidden {i: [B, N, M]} at the verified tree's nodes."""

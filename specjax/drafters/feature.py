@@ -212,6 +212,7 @@ class FeatureDrafter(nnx.Module):
         acceptance: Acceptance,
         advance,
         *,
+        live,
         config: SpecConfig,
         target,
         target_hidden,
@@ -222,7 +223,8 @@ class FeatureDrafter(nnx.Module):
         target_hidden = target_hidden[self.feature_layers[0]]
         path, n_acc = acceptance.path, acceptance.n_accepted
         b, p = path.shape
-        live = advance > 0
+        counted = jnp.where(live[:, None], state.pending, 0)
+        live = advance > 0  # rows that move on (a row finishing now keeps its state)
         tokens = jnp.take_along_axis(state.tree_tokens, path, axis=1)  # [B, P], slot 0 = root
         feats = jnp.take_along_axis(target_hidden, path[:, :, None], axis=1)  # [B, P, M]
         prev = jnp.concatenate([state.last_feature[:, None], feats[:, :-1]], axis=1)
@@ -230,7 +232,6 @@ class FeatureDrafter(nnx.Module):
         positions = state.cache.lengths[:, None] + jnp.arange(p, dtype=jnp.int32)[None, :]
         _, cache = self._block(x, positions, state.cache, causal_mask(b, p), "reference")
         last = jnp.take_along_axis(feats, n_acc[:, None, None], axis=1)[:, 0]
-        counted = jnp.where(live[:, None], state.pending, 0)
         state = state.replace(
             cache=cache.replace(lengths=cache.lengths + advance),
             last_feature=jnp.where(live[:, None], last.astype(jnp.float32), state.last_feature),

@@ -200,11 +200,12 @@ class LMDrafter(nnx.Module):
         acceptance: Acceptance,
         advance,
         *,
+        live=None,
         config: SpecConfig,
         target=None,
         target_hidden=None,
     ) -> LMDrafterState:
-        del target, target_hidden
+        del live, target, target_hidden
         # The drafter's block mirrors the target's: node i at lengths + i.
         cache = commit_path(
             state.cache,

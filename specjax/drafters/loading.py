@@ -2,23 +2,81 @@
 
 from __future__ import annotations
 
+import types
+import warnings
 from pathlib import Path
 
-from specjax.drafters.feature import EagleDrafter, HiddenStateDrafter
-from specjax.train.checkpoint import load_drafter_net
+from specjax.drafters.feature import EagleDrafter, FeatureDrafter, HiddenStateDrafter
+from specjax.train.checkpoint import (
+    FINGERPRINT_SCHEME,
+    load_drafter_net,
+    read_header,
+    target_fingerprint,
+)
 
 
-def load_drafter(path: str | Path, target, *, reuse: bool = True, fresh_slots: int | None = None):
+def check_target(path: str | Path, header: dict, net, model, *, strict: bool = True) -> None:
+    """Raise ValueError (naming path) if the drafter at path was trained for another target than
+    `model`: other shapes or vocabulary (always), or other weights of the same shapes (the
+    header's target_fingerprint differs; a warning instead with strict=False). A header without
+    a fingerprint (written before the field) cannot be checked: a warning when strict."""
+    try:  # the drafter's own shape check, before anything is built from the target's weights
+        FeatureDrafter.check_compatible(types.SimpleNamespace(net=net, kind=net.config.kind), model)
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from e
+    stored = header.get("target_fingerprint")
+    name = header.get("target_name") or "an unnamed target"
+    if stored is None or not str(stored).startswith(f"{FINGERPRINT_SCHEME}:"):
+        if strict:
+            what = "no target fingerprint" if stored is None else f"fingerprint {stored!r}"
+            warnings.warn(
+                f"{path}: the drafter header has {what} (this specjax reads "
+                f"{FINGERPRINT_SCHEME!r} ones), so it cannot check that the drafter was trained "
+                f"for this target ({name}); add one with specjax.train.checkpoint.add_fingerprint "
+                "if it was",
+                stacklevel=3,
+            )
+        return
+    actual = target_fingerprint(model)
+    if stored == actual:
+        return
+    message = (
+        f"{path}: this {net.config.kind} drafter was trained for another target ({name}, "
+        f"weights fingerprint {stored}; the given target's is {actual}): same shapes, other "
+        "weights (another checkpoint, quantization or fine-tune)"
+    )
+    if strict:
+        raise ValueError(
+            f"{message}. Load the drafter trained for this target, or pass strict=False to use "
+            "it anyway (it stays lossless, but its drafts may be poor)"
+        )
+    warnings.warn(f"{message}; using it anyway (strict=False)", stacklevel=3)
+
+
+def load_drafter(
+    path: str | Path,
+    target,
+    *,
+    strict: bool = True,
+    reuse: bool = True,
+    fresh_slots: int | None = None,
+):
     """A Drafter (HiddenStateDrafter or EagleDrafter) from a drafter directory, bound to
-    `target` (a specjax Llama, or a specjax.Loaded). Raises ValueError when the drafter was
-    trained for a target of other shapes or vocabulary. reuse / fresh_slots: the mdc draft-reuse
-    switches (see HiddenStateDrafter; None: its default)."""
+    `target` (a specjax Llama, or a specjax.Loaded).
+
+    Raises ValueError, naming the path, before anything is compiled: for a malformed
+    drafter.json (invalid JSON, missing keys), a missing or damaged params/ checkpoint,
+    draft-vocabulary ids outside the target's vocabulary, a drafter trained for a target of
+    other shapes or vocabulary, and -- when strict (the default) -- one trained for a target of
+    the same shapes but other weights (the header's target_fingerprint, see
+    specjax.train.checkpoint.target_fingerprint; strict=False warns and loads it). Headers
+    without a fingerprint load with a warning. reuse / fresh_slots: the mdc draft-reuse switches
+    (see HiddenStateDrafter; None: its default)."""
     model = getattr(target, "model", target)
+    header = read_header(path)
     net = load_drafter_net(path)
+    check_target(path, header, net, model, strict=strict)
     if net.config.kind == "mdc":
         fresh = {} if fresh_slots is None else {"fresh_slots": fresh_slots}
-        drafter = HiddenStateDrafter(net, model, reuse=reuse, **fresh)
-    else:
-        drafter = EagleDrafter(net, model)
-    drafter.check_compatible(model)
-    return drafter
+        return HiddenStateDrafter(net, model, reuse=reuse, **fresh)
+    return EagleDrafter(net, model)

@@ -154,7 +154,7 @@ def train_drafter(
         input_scale=feature_scale(data),
     )
     summary = train(net, target_parts(target, net.draft_vocab[...]), data, recipe.train, log=log)
-    save_drafter(net, out_dir, target_name=name)
+    save_drafter(net, out_dir, target_name=name, target=target)
     log(f"[train-drafter] saved to {out_dir}; measuring tau")
     drafter = load_drafter(out_dir, target)
     what, prompts = eval_prompts(loaded, recipe.data_kind, eval_n)
