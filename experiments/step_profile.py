@@ -224,7 +224,9 @@ def _worker(case_index: int, reps: int, contexts: tuple[int, ...]) -> dict:
 
 
 def _run_worker(src: Path, case: int, reps: int, contexts) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(src))
+    from specjax.paths import shared_dir
+
+    env = dict(os.environ, PYTHONPATH=str(src), SPECJAX_SHARED=str(shared_dir()))
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", str(case)]
     cmd += ["--reps", str(reps), "--contexts", ",".join(map(str, contexts))]
     out = subprocess.run(cmd, env=env, cwd=src, capture_output=True, text=True, check=False)
