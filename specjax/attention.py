@@ -58,42 +58,6 @@ def reference_attention(q, k, v, lengths, tree_mask, visible=None):
     return out.reshape(b, n, h, d).astype(q.dtype)
 
 
-# Smallest cache prefix the bucketed reference attention reads; buckets double from here.
-MIN_ATTENTION_BUCKET = 128
-
-
-def attention_buckets(cache_len: int) -> tuple[int, ...]:
-    """Static cache-prefix lengths the reference attention may read: 128, 256, ... below
-    cache_len, then cache_len itself."""
-    sizes, size = [], MIN_ATTENTION_BUCKET
-    while size < cache_len:
-        sizes.append(size)
-        size *= 2
-    return (*sizes, cache_len)
-
-
-def bucket_index(lengths: jax.Array, block: int, buckets: tuple[int, ...]) -> jax.Array:
-    """Index of the smallest bucket covering every row's [0, lengths + block) (a traced int)."""
-    need = jnp.max(lengths) + block
-    return jnp.sum(jnp.asarray(buckets[:-1]) < need).astype(jnp.int32)
-
-
-def bucketed_reference_attention(q, k, v, lengths, tree_mask, visible, bucket):
-    """reference_attention over the cache prefix [0, buckets[bucket]) only: on a CPU attention
-    cost is the cache read, so a short context should not pay for the whole static cache.
-    bucket: traced index into attention_buckets(S) (see bucket_index); visible [B,N,S]."""
-    buckets = attention_buckets(k.shape[1])
-    if len(buckets) == 1:
-        return reference_attention(q, k, v, lengths, tree_mask, visible)
-    branches = [
-        lambda q, k, v, vis, size=size: reference_attention(
-            q, k[:, :size], v[:, :size], lengths, tree_mask, vis[..., :size]
-        )
-        for size in buckets
-    ]
-    return jax.lax.switch(bucket, branches, q, k, v, visible)
-
-
 def resolve_impl(impl: AttentionImpl) -> str:
     if impl not in ATTENTION_IMPLS:
         raise ValueError(
@@ -104,17 +68,13 @@ def resolve_impl(impl: AttentionImpl) -> str:
     return impl
 
 
-def attend(q, k, v, lengths, tree_mask, impl: AttentionImpl = "auto", *, visible=None, bucket=None):
+def attend(q, k, v, lengths, tree_mask, impl: AttentionImpl = "auto", *, visible=None):
     """Tree attention through the chosen implementation; shapes as in reference_attention.
 
-    visible [B,N,S] and bucket (scalar int, see bucket_index) are optional precomputations for
-    the reference implementation: with a bucket it reads only that cache prefix."""
+    visible [B, N, S]: block_visibility precomputed by a caller that runs many layers (used by the
+    reference implementation)."""
     impl = resolve_impl(impl)
     if impl == "reference":
-        if bucket is not None:
-            if visible is None:
-                visible = block_visibility(lengths, tree_mask, k.shape[1])
-            return bucketed_reference_attention(q, k, v, lengths, tree_mask, visible, bucket)
         return reference_attention(q, k, v, lengths, tree_mask, visible)
     from specjax.kernels.tree_attention import tree_attention
 

@@ -141,6 +141,7 @@ def test_speculative_sampling_matches_target_distribution(target, drafter, rule)
     assert hist[1:].sum() > 0.05 * hist.sum() and hist[:-1].sum() > 0.05 * hist.sum(), hist
 
 
+@pytest.mark.slow
 def test_sampling_transform_is_applied_to_both_sides(target, drafter):
     sampling = SamplingConfig(temperature=0.7, top_k=5, top_p=0.9)
     tokens, _ = run_rows(
@@ -190,6 +191,7 @@ def biased_chain_rule(tree, p, key, max_depth):
     )
 
 
+@pytest.mark.slow
 def test_end_to_end_check_catches_a_biased_rule(target, drafter, monkeypatch):
     from specjax import speculative, verify
 

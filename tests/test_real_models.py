@@ -87,6 +87,7 @@ def test_smollm2_chat_answer_contains_paris(smollm):
 
 
 @pytest.mark.hf
+@pytest.mark.slow
 def test_smollm2_logits_match_transformers_gguf(smollm, shared_dir):
     """transformers dequantizes the same GGUF (un-permuting Q/K to its half-split RoPE); our
     interleaved-layout model must give the same logits. Tolerance: atol 1e-3 on logits of

@@ -14,6 +14,7 @@ import numpy as np
 
 from specjax.bench.methods import Method
 from specjax.bench.prompts import Prompt, PromptSet
+from specjax.cache import tree_reserve
 
 
 @dataclasses.dataclass
@@ -96,7 +97,8 @@ class SpecjaxRunner(Runner):
     def warm_indices(self) -> list[int]:
         from specjax.decode import prepare_prompts
 
-        extra = self.method.config.tree.num_nodes + 1 if self.drafter is not None else 0
+        tree = self.method.config.tree
+        extra = tree_reserve(tree.num_nodes, tree.max_depth) if self.drafter is not None else 0
         first_of_width: dict[int, int] = {}
         for i, p in enumerate(self.prompts.prompts):
             ids, _ = prepare_prompts(

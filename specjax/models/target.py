@@ -18,9 +18,7 @@ from flax import nnx
 from specjax.attention import (
     AttentionImpl,
     attend,
-    attention_buckets,
     block_visibility,
-    bucket_index,
     resolve_impl,
 )
 from specjax.cache import KVCache
@@ -118,10 +116,11 @@ class Llama(nnx.Module):
         return jnp.take(self.embed[...], tokens, axis=0)
 
     def head(self, hidden: jax.Array) -> jax.Array:
-        """Final norm + LM head: [..., M] residual stream -> [..., V] float32 logits."""
+        """Final norm + LM head: [..., M] residual stream -> [..., V] float32 logits (accumulated
+        in float32 whatever the weights' dtype, so bfloat16 models do not round the logits)."""
         x = rms_norm(hidden, self.final_norm[...], self.config.norm_eps)
         w = self.embed[...].T if self.config.tie_embeddings else self.lm_head[...]
-        return (x @ w).astype(jnp.float32)
+        return jnp.matmul(x, w, preferred_element_type=jnp.float32)
 
     def __call__(
         self,
@@ -151,14 +150,10 @@ class Llama(nnx.Module):
         x = self.embed_tokens(tokens) if start == 0 and hidden is None else hidden
         cos, sin = rope_angles(positions, cfg.head_dim, cfg.rope_theta)
         weights = self.layers.arrays()
-        # Built once per call rather than once per layer: which cache positions each block token
-        # sees, and (reference attention) the cache prefix worth reading.
-        visible = bucket = None
+        # Which cache positions each block token sees: built once per call, not once per layer.
+        visible = None
         if resolve_impl(attn_impl) == "reference":
             visible = block_visibility(cache.lengths, tree_mask, cache.max_len)
-            bucket = bucket_index(
-                cache.lengths, tree_mask.shape[-1], attention_buckets(cache.max_len)
-            )
 
         def body(carry, xs):
             # The whole cache rides in the carry; only the block's K/V are written into it (in
@@ -172,16 +167,7 @@ class Llama(nnx.Module):
             v_all = write_layer_block(v_all, layer, v, cache.lengths)
             k_layer = jax.lax.dynamic_index_in_dim(k_all, layer, 0, keepdims=False)
             v_layer = jax.lax.dynamic_index_in_dim(v_all, layer, 0, keepdims=False)
-            attn = attend(
-                q,
-                k_layer,
-                v_layer,
-                cache.lengths,
-                tree_mask,
-                attn_impl,
-                visible=visible,
-                bucket=bucket,
-            )
+            attn = attend(q, k_layer, v_layer, cache.lengths, tree_mask, attn_impl, visible=visible)
             return (finish_layer(p, x, attn, cfg), k_all, v_all), None
 
         # Scan segment by segment so the requested hidden states fall on segment boundaries.
