@@ -110,8 +110,14 @@ class SpeculativeLoop:
         return self.config.tree.max_depth + 1
 
     def cache_len(self, prompt_width: int) -> int:
+        """Positions of the static cache. A live row holds lengths = prompt + n_generated - 1 <=
+        prompt_width + max_new_tokens - 2 (a row that reaches its budget or EOS stops advancing),
+        and a step touches max(N, P) slots from lengths: the bound asserted below."""
         tree = self.config.tree
-        return prompt_width + self.max_new_tokens + tree_reserve(tree.num_nodes, tree.max_depth)
+        size = prompt_width + self.max_new_tokens + tree_reserve(tree.num_nodes, tree.max_depth)
+        last_write = prompt_width + self.max_new_tokens - 2 + max(tree.num_nodes, self.path_slots)
+        assert last_write <= size, (last_write, size)
+        return size
 
     def init(self, ids, prompt_lens, keys, eos_id) -> SpecState:
         """Prefill prompts ids [B, T] (prompt_lens [B]) and pick each row's first token."""
