@@ -139,6 +139,7 @@ def test_explain_mismatch_points_at_the_first_difference(tiny_target):
     assert "nats" in text
 
 
+@pytest.mark.slow
 def test_cli_bench_stories_quick(shared_dir, tmp_path, capsys):
     require(shared_dir / STORIES260K)
     from specjax.cli import main
@@ -166,6 +167,7 @@ def test_unknown_dataset_and_target_are_errors():
 
 
 @pytest.mark.hf
+@pytest.mark.slow
 def test_transformers_peer_tiny(tiny_target):
     """transformers generate and prompt lookup on the exported tiny model: greedy outputs equal
     specjax autoregressive decoding (or the mismatch is a near-tie), tau counted, ratios set."""

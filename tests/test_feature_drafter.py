@@ -84,6 +84,7 @@ def test_greedy_equals_generate_ragged_batch(tiny_target, kind, reuse):
         np.testing.assert_array_equal(np.asarray(out.lengths), np.asarray(ref.lengths))
 
 
+@pytest.mark.slow
 def test_rows_do_not_depend_on_each_other(tiny_target):
     drafter = make_drafter("mdc", tiny_target)
     cfg = SpecConfig(tree=TreeConfig.dynamic(6, 3, 2))
@@ -115,7 +116,14 @@ def lossless_target():
     return sharpened(CFG, 3, 3.0)
 
 
-@pytest.mark.parametrize("kind", ["mdc", "eagle", pytest.param("mdc2", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "mdc",
+        pytest.param("eagle", marks=pytest.mark.slow),
+        pytest.param("mdc2", marks=pytest.mark.slow),
+    ],
+)
 def test_sampling_matches_target_distribution(lossless_target, kind):
     """The whole path with a feature drafter (dynamic top-k tree, one-hot rule, drafter cache
     commits, and for mdc the reuse of the hidden-state chain after rejections) samples the

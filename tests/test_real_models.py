@@ -59,6 +59,7 @@ def test_stories260k_nll_on_tinystories_dev(stories, shared_dir):
 
 
 @pytest.mark.hf
+@pytest.mark.slow
 def test_stories260k_nll_equals_transformers(stories, shared_dir):
     torch = pytest.importorskip("torch")
     from specjax.io.export import to_transformers

@@ -224,6 +224,7 @@ def test_greedy_equals_generate_smollm2_self_draft(shared_dir):
         np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
 
 
+@pytest.mark.slow
 def test_pallas_kernel_interpret_gives_same_tokens_stories260k(stories_pair, shared_dir):
     """The Pallas tree-attention kernel (interpret mode on CPU) in prefill, draft and verify."""
     target, drafter = stories_pair

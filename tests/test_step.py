@@ -48,7 +48,11 @@ def _loop_fns(target, drafter, tree, max_new=MAX_NEW):
 
 
 @pytest.mark.parametrize(
-    "tree", [TreeConfig.chain(3), TreeConfig(branching=(2, 2, 1))], ids=["chain3", "tree221"]
+    "tree",
+    [
+        pytest.param(TreeConfig.chain(3), id="chain3"),
+        pytest.param(TreeConfig(branching=(2, 2, 1)), id="tree221", marks=pytest.mark.slow),
+    ],
 )
 def test_one_step_commits_what_it_emits(target, tree):
     drafter = specjax.LMDrafter.self_draft(1)

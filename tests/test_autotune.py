@@ -1,0 +1,68 @@
+"""The target cost model (specjax.autotune): interpolation, the on-disk cache and its key.
+No timing is asserted: measured seconds depend on the machine."""
+
+import json
+
+import pytest
+from flax import nnx
+
+import specjax
+from specjax import autotune
+from specjax.config import TINY
+
+
+@pytest.fixture(scope="module")
+def tiny_target():
+    return specjax.Llama(TINY, rngs=nnx.Rngs(0))
+
+
+def test_t_verify_interpolates_and_extrapolates():
+    costs = autotune.VerifyCosts(key="k", nodes=(1, 4, 8), seconds=(1.0, 2.5, 4.5))
+    assert costs.t_verify(1) == 1.0
+    assert costs.t_verify(2) == pytest.approx(1.5)
+    assert costs.t_verify(6) == pytest.approx(3.5)
+    assert costs.t_verify(16) == pytest.approx(8.5)  # slope of the last segment: 0.5 per node
+    assert costs.relative(8) == pytest.approx(4.5)
+    with pytest.raises(ValueError, match="at least one node"):
+        costs.t_verify(0)
+
+
+def test_costs_are_measured_once_then_read_from_disk(tiny_target, tmp_path):
+    lines = []
+    first = autotune.verify_costs(
+        tiny_target, context=16, nodes=(1, 4), reps=1, folder=tmp_path, progress=lines.append
+    )
+    assert first.nodes == (1, 4) and len(first.seconds) == 2
+    assert all(s > 0 for s in first.seconds)
+    assert len(lines) == 2 and "4 node(s)" in lines[1]
+    files = list((tmp_path / "costs").glob("*.json"))
+    assert len(files) == 1
+    assert json.loads(files[0].read_text())["key"] == first.key
+
+    lines.clear()
+    again = autotune.verify_costs(
+        tiny_target, context=16, nodes=(4, 1), reps=1, folder=tmp_path, progress=lines.append
+    )
+    assert again == first and not lines  # read back, nothing measured
+
+    # Other node counts or another batch are measured anew.
+    other = autotune.verify_costs(
+        tiny_target, context=16, nodes=(1, 2), reps=1, folder=tmp_path, progress=lines.append
+    )
+    assert other.nodes == (1, 2) and len(lines) == 2
+    batch2 = autotune.verify_costs(
+        tiny_target, batch=2, context=16, nodes=(1,), reps=1, folder=tmp_path, progress=None
+    )
+    assert batch2.key != first.key
+
+
+def test_key_follows_the_weights(tiny_target):
+    other = specjax.Llama(TINY, rngs=nnx.Rngs(1))
+    assert autotune.cost_key(tiny_target, batch=1, context=16) != autotune.cost_key(
+        other, batch=1, context=16
+    )
+
+
+def test_context_beyond_the_model_is_refused(tiny_target):
+    with pytest.raises(ValueError, match="max_seq_len"):
+        autotune.measure_verify_costs(tiny_target, context=TINY.max_seq_len, nodes=(1,))
