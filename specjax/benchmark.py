@@ -8,6 +8,7 @@ first call of each method) and excluded from the repetitions.
 from __future__ import annotations
 
 import dataclasses
+import os
 import platform
 import statistics
 import time
@@ -59,12 +60,25 @@ def mean_ci(values, z: float = 1.96) -> tuple[float, float]:
     return float(arr.mean()), float(z * arr.std(ddof=1) / np.sqrt(arr.size))
 
 
+def cpu_model() -> str:
+    """The host CPU's model name (/proc/cpuinfo on Linux, else what platform reports)."""
+    try:
+        for line in open("/proc/cpuinfo", encoding="utf-8"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
 def device_header(**settings) -> str:
-    """A markdown header naming the machine and the settings of a results file."""
+    """A markdown header naming the machine (CPU model included) and the settings of a results
+    file."""
     dev = jax.devices()[0]
     lines = [
         f"- backend: {jax.default_backend()}, device: {dev.device_kind}, "
-        f"host: {platform.machine()} ({platform.processor() or 'cpu'}), jax {jax.__version__}",
+        f"host: {platform.machine()} ({cpu_model()}, {os.cpu_count()} cores), "
+        f"jax {jax.__version__}",
     ]
     lines += [f"- {k.replace('_', ' ')}: {v}" for k, v in settings.items()]
     return "\n".join(lines)
