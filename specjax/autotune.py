@@ -18,9 +18,7 @@ import dataclasses
 import hashlib
 import json
 import os
-import statistics
 import sys
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -29,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from specjax.benchmark import time_interleaved
 from specjax.cache import init_cache
 from specjax.tree import causal_mask
 
@@ -136,13 +135,8 @@ def measure_verify_costs(
         if progress is not None:
             progress(f"measuring target cost: {n} node(s) ({i + 1}/{len(nodes)})")
         tokens = jnp.ones((batch, n), jnp.int32)
-        jax.block_until_ready(forward(params, cache, tokens))  # compile
-        runs = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            jax.block_until_ready(forward(params, cache, tokens))
-            runs.append(time.perf_counter() - t0)
-        seconds.append(statistics.median(runs))
+        timing = time_interleaved({n: lambda tokens=tokens: forward(params, cache, tokens)}, reps)
+        seconds.append(timing[n].median)
     key = cost_key(target, batch=batch, context=context)
     return VerifyCosts(key=key, nodes=nodes, seconds=tuple(seconds))
 

@@ -224,7 +224,7 @@ class FeatureDrafter(nnx.Module):
         path, n_acc = acceptance.path, acceptance.n_accepted
         b, p = path.shape
         counted = jnp.where(live[:, None], state.pending, 0)
-        live = advance > 0  # rows that move on (a row finishing now keeps its state)
+        moving = advance > 0  # rows that move on (a row finishing now keeps its state)
         tokens = jnp.take_along_axis(state.tree_tokens, path, axis=1)  # [B, P], slot 0 = root
         feats = jnp.take_along_axis(target_hidden, path[:, :, None], axis=1)  # [B, P, M]
         prev = jnp.concatenate([state.last_feature[:, None], feats[:, :-1]], axis=1)
@@ -234,15 +234,15 @@ class FeatureDrafter(nnx.Module):
         last = jnp.take_along_axis(feats, n_acc[:, None, None], axis=1)[:, 0]
         state = state.replace(
             cache=cache.replace(lengths=cache.lengths + advance),
-            last_feature=jnp.where(live[:, None], last.astype(jnp.float32), state.last_feature),
+            last_feature=jnp.where(moving[:, None], last.astype(jnp.float32), state.last_feature),
             last_token=jnp.where(
-                live, jnp.take_along_axis(tokens, n_acc[:, None], axis=1)[:, 0], state.last_token
+                moving, jnp.take_along_axis(tokens, n_acc[:, None], axis=1)[:, 0], state.last_token
             ),
             drafted=state.drafted + counted[:, 0],
             reused=state.reused + counted[:, 1],
             chain_calls=state.chain_calls + counted[:, 2],
         )
-        return self._shift_chain(state, n_acc + 1, live)
+        return self._shift_chain(state, n_acc + 1, moving)
 
     def stats(self, state: FeatureDrafterState) -> dict:
         return {
