@@ -1,5 +1,5 @@
 """Hardware-aware speculation, the cost side: how long the target takes to verify N tree nodes
-on this backend, measured once and kept on disk.
+and the drafter takes to draft a tree on this backend, measured once and kept on disk.
 
 Axis letters: B batch, N tree nodes, S cache length.
 
@@ -10,15 +10,24 @@ the target over blocks of N tokens at a representative context (one jitted forwa
 median of a few calls) and stores t(N) in a JSON file keyed by the backend, the device kind, the
 model's weights fingerprint, the batch, the context and the dtype. Later calls with the same key
 read the file (default folder: $SPECJAX_CACHE, else ~/.cache/specjax).
+
+`draft_costs` does the same for a drafter, timing its `propose` inside a real speculative state
+at the same context: a static-tree drafter re-runs its model over the whole block at every
+depth, so its cost is depth x f(N) with f measured for N in the same grid; a dynamic-tree drafter
+runs one expansion per depth over top-k frontier nodes, so its cost is linear in the depth,
+measured at depth 1 and at the deepest depth for each top-k. It also times one whole step, whose
+excess over draft + verify (the acceptance rule, the commits, the loop) is kept as `overhead`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -27,13 +36,13 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from specjax.benchmark import time_interleaved
 from specjax.cache import init_cache
 from specjax.tree import causal_mask
 
 DEFAULT_NODES = (1, 2, 4, 8, 16, 32, 64)
 DEFAULT_CONTEXT = 256  # committed positions before the measured block
 FORMAT_VERSION = 1
+STATIC_DRAFT_NODES = (2, 4, 8, 16, 32, 64)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,9 +102,9 @@ def cache_dir() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "specjax"
 
 
-def _cache_file(key: str, folder: Path) -> Path:
+def _cache_file(key: str, folder: Path, what: str = "verify") -> Path:
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    return folder / "costs" / f"verify-{digest}.json"
+    return folder / "costs" / f"{what}-{digest}.json"
 
 
 def measure_verify_costs(
@@ -122,23 +131,47 @@ def measure_verify_costs(
     cache = init_cache(target.config, batch, context + nodes[-1])
     cache = cache.replace(lengths=jnp.full((batch,), context, jnp.int32))
 
-    @jax.jit
-    def forward(params, cache, tokens):
+    def forward(params, carry, n):
+        cache, token = carry  # the next block starts with the last one's argmax: no hoisting
         model = nnx.merge(graphdef, params)
-        n = tokens.shape[1]
+        tokens = jnp.ones((batch, n), jnp.int32).at[:, 0].set(token)
         positions = cache.lengths[:, None] + jnp.arange(n, dtype=jnp.int32)[None, :]
         out = model(tokens, positions=positions, cache=cache, tree_mask=causal_mask(batch, n))
-        return out.logits
+        new_token = jnp.argmax(out.logits[:, -1], axis=-1).astype(jnp.int32)
+        return out.cache.replace(lengths=cache.lengths), new_token
 
     seconds = []
     for i, n in enumerate(nodes):
         if progress is not None:
             progress(f"measuring target cost: {n} node(s) ({i + 1}/{len(nodes)})")
-        tokens = jnp.ones((batch, n), jnp.int32)
-        timing = time_interleaved({n: lambda tokens=tokens: forward(params, cache, tokens)}, reps)
-        seconds.append(timing[n].median)
+        body = functools.partial(forward, n=n)
+        init = (cache, jnp.ones((batch,), jnp.int32))
+        seconds.append(seconds_per_iteration(body, params, init, reps=reps))
     key = cost_key(target, batch=batch, context=context)
     return VerifyCosts(key=key, nodes=nodes, seconds=tuple(seconds))
+
+
+def seconds_per_iteration(body, params, init, *, reps: int = 5, call_s: float = 0.05) -> float:
+    """Seconds of one body(params, carry) -> carry, timed inside a jitted fori_loop (as the
+    engine runs it: no dispatch per iteration, buffers updated in place): compiled once with a
+    traced trip count, run once with 1 iteration to size the timed calls at ~call_s each, then
+    the median over `reps` calls."""
+
+    def loop(params, init, n):
+        return jax.lax.fori_loop(0, n, lambda i, c: body(params, c), init)
+
+    run = jax.jit(loop)
+    jax.block_until_ready(run(params, init, 1))
+    t0 = time.perf_counter()
+    jax.block_until_ready(run(params, init, 1))
+    single = time.perf_counter() - t0
+    n = int(min(1000, max(1, call_s / max(single, 1e-6))))
+    per = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        jax.block_until_ready(run(params, init, n))
+        per.append((time.perf_counter() - t0) / n)
+    return float(np.median(per))
 
 
 def _print_progress(message: str) -> None:
@@ -171,6 +204,214 @@ def verify_costs(
             return costs
     costs = measure_verify_costs(
         target, batch=batch, context=context, nodes=wanted, reps=reps, progress=progress
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(costs.to_json(), indent=2) + "\n")
+    return costs
+
+
+# -- the drafter's side --------------------------------------------------------------------------
+
+
+def module_fingerprint(module) -> str:
+    """A cheap fingerprint of any nnx module's parameters (shapes and sampled values) and its
+    type: what cached drafter measurements are keyed by."""
+    from flax import nnx
+
+    h = hashlib.sha256(type(module).__name__.encode())
+    for attr in ("self_draft_layers", "reuse", "fresh_slots"):
+        h.update(f"{attr}={getattr(module, attr, None)};".encode())
+    leaves = jax.tree_util.tree_leaves_with_path(nnx.state(module, nnx.Param))
+    for path, x in sorted(leaves, key=lambda kv: jax.tree_util.keystr(kv[0])):
+        flat = np.asarray(x).reshape(-1)
+        h.update(f"{jax.tree_util.keystr(path)}{tuple(np.shape(x))};".encode())
+        if flat.size:
+            idx = (np.arange(64, dtype=np.int64) + 1) * 2654435761 % flat.size
+            h.update(flat[idx].astype(np.float32).tobytes())
+    return h.hexdigest()[:32]
+
+
+def drafter_key(target, drafter, *, batch: int, context: int) -> str:
+    return cost_key(target, batch=batch, context=context) + "|" + module_fingerprint(drafter)
+
+
+@dataclasses.dataclass(frozen=True)
+class DraftCosts:
+    """A drafter's cost model (module docstring).
+
+    kind "static": per_depth[i] seconds of one depth over a block of nodes[i] tree nodes.
+    kind "dynamic": for topk[i], seconds at depth 1 (shallow[i]) and at depth `deep_depth`
+    (deep[i]), linear in between. overhead: seconds of a step beyond draft + verify.
+    """
+
+    key: str
+    kind: str
+    nodes: tuple[int, ...] = ()
+    per_depth: tuple[float, ...] = ()
+    topk: tuple[int, ...] = ()
+    deep_depth: int = 1
+    shallow: tuple[float, ...] = ()
+    deep: tuple[float, ...] = ()
+    overhead: float = 0.0
+
+    def t_draft(self, tree) -> float:
+        """Seconds to draft `tree` (a TreeConfig)."""
+        if self.kind == "static":
+            f = float(np.interp(tree.num_nodes, self.nodes, self.per_depth))
+            return tree.max_depth * f
+        if tree.topk not in self.topk:
+            raise ValueError(f"no draft cost measured for top-{tree.topk} (have {self.topk})")
+        i = self.topk.index(tree.topk)
+        if self.deep_depth == 1:
+            return self.shallow[i]
+        per = (self.deep[i] - self.shallow[i]) / (self.deep_depth - 1)
+        return self.shallow[i] + per * (tree.max_depth - 1)
+
+    def to_json(self) -> dict:
+        return {"version": FORMAT_VERSION, **dataclasses.asdict(self)}
+
+    @classmethod
+    def from_json(cls, data: dict) -> DraftCosts:
+        kw = {f.name: data[f.name] for f in dataclasses.fields(cls)}
+        for name in ("nodes", "per_depth", "topk", "shallow", "deep"):
+            kw[name] = tuple(kw[name])
+        return cls(**kw)
+
+
+def _context_prompts(target, batch: int, context: int) -> np.ndarray:
+    """Deterministic filler prompts of `context` tokens (costs do not depend on the ids)."""
+    vocab = target.config.vocab_size
+    ids = (np.arange(batch * context, dtype=np.int64).reshape(batch, context) * 7919 + 11) % vocab
+    return ids.astype(np.int32)
+
+
+def _time_propose(target, drafter, config, *, batch, context, reps, with_step=False):
+    """(seconds of drafter.propose, seconds of one whole step or None) for `config`, inside a
+    speculative state prefilled with `context` tokens, each timed in a loop of its own."""
+    from specjax.config import SamplingConfig
+    from specjax.drafters.base import RootContext
+    from specjax.speculative import SpeculativeLoop, SteppedRun
+
+    sampling = SamplingConfig()
+    run = SteppedRun(
+        target, drafter, _context_prompts(target, batch, context), max_new_tokens=4,
+        config=config, sampling=sampling, key=jax.random.key(0),
+    )  # fmt: skip
+    state = run.state
+    target_def, _, drafter_def, _, verifier_def, _ = run._parts
+    params = (run._parts[1], run._parts[3], run._parts[5])
+
+    def propose(params, carry):
+        drafter_state, root = carry  # the next root is a drafted token: no hoisting
+        t = nnx.merge(target_def, params[0])
+        d = nnx.merge(drafter_def, params[1])
+        ctx = RootContext(root=root, prev=state.prev, lengths=state.verifier_state.lengths)
+        tree, drafter_state = d.propose(
+            drafter_state, t, ctx, state.keys, config=config, sampling=sampling
+        )
+        return drafter_state, tree.tokens[:, -1]
+
+    t_propose = seconds_per_iteration(propose, params, (state.drafter_state, state.root), reps=reps)
+    if not with_step:
+        return t_propose, None
+
+    def step(params, state):
+        loop = SpeculativeLoop(
+            target=nnx.merge(target_def, params[0]),
+            drafter=nnx.merge(drafter_def, params[1]),
+            verifier=nnx.merge(verifier_def, params[2]),
+            config=config,
+            sampling=sampling,
+            max_new_tokens=4,
+        )
+        return loop.step(state)
+
+    return t_propose, seconds_per_iteration(step, params, state, reps=reps)
+
+
+def measure_draft_costs(
+    target,
+    drafter,
+    verify: VerifyCosts,
+    *,
+    topks: Sequence[int] = (4, 8),
+    nodes: Sequence[int] = STATIC_DRAFT_NODES,
+    deep_depth: int = 8,
+    batch: int = 1,
+    context: int = DEFAULT_CONTEXT,
+    reps: int = 5,
+    progress: Callable[[str], None] | None = None,
+) -> DraftCosts:
+    """Time the drafter's propose at the shapes of the module docstring, and one whole step
+    (for the overhead)."""
+    from specjax.config import SpecConfig, TreeConfig
+
+    key = drafter_key(target, drafter, batch=batch, context=context)
+    say = progress or (lambda message: None)
+    if drafter.dynamic_trees:
+        shallow, deep = [], []
+        for i, k in enumerate(topks):
+            say(f"measuring drafter cost: top-{k} ({i + 1}/{len(topks)})")
+            shallow.append(_time_propose(
+                target, drafter, SpecConfig(tree=TreeConfig.dynamic(k, 1, k)),
+                batch=batch, context=context, reps=reps,
+            )[0])  # fmt: skip
+            deep.append(_time_propose(
+                target, drafter, SpecConfig(tree=TreeConfig.dynamic(k, deep_depth, k)),
+                batch=batch, context=context, reps=reps,
+            )[0])  # fmt: skip
+        base = TreeConfig.dynamic(topks[0], 1, topks[0])
+        costs = DraftCosts(key=key, kind="dynamic", topk=tuple(topks), deep_depth=deep_depth,
+                           shallow=tuple(shallow), deep=tuple(deep))  # fmt: skip
+    else:
+        per_depth = []
+        for i, n in enumerate(nodes):
+            say(f"measuring drafter cost: {n} node(s) ({i + 1}/{len(nodes)})")
+            tree = TreeConfig(branching=(n - 1,))  # one depth over a block of n nodes
+            per_depth.append(_time_propose(
+                target, drafter, SpecConfig(tree=tree), batch=batch, context=context, reps=reps,
+            )[0])  # fmt: skip
+        base = TreeConfig(branching=(1,))
+        costs = DraftCosts(key=key, kind="static", nodes=tuple(nodes),
+                           per_depth=tuple(per_depth))  # fmt: skip
+    say("measuring one whole step")
+    t_propose, t_step = _time_propose(
+        target, drafter, SpecConfig(tree=base), batch=batch, context=context, reps=reps,
+        with_step=True,
+    )  # fmt: skip
+    overhead = max(t_step - t_propose - verify.t_verify(base.num_nodes), 0.0)
+    return dataclasses.replace(costs, overhead=overhead)
+
+
+def draft_costs(
+    target,
+    drafter,
+    verify: VerifyCosts,
+    *,
+    batch: int = 1,
+    context: int = DEFAULT_CONTEXT,
+    folder: str | Path | None = None,
+    refresh: bool = False,
+    progress: Callable[[str], None] | None = _print_progress,
+    **kwargs,
+) -> DraftCosts:
+    """The drafter's cost model on this backend: from the cache folder when measured before,
+    else measured (progress lines) and written there."""
+    folder = Path(folder) if folder is not None else cache_dir()
+    key = drafter_key(target, drafter, batch=batch, context=context)
+    path = _cache_file(key, folder, "draft")
+    if path.exists() and not refresh:
+        try:
+            costs = DraftCosts.from_json(json.loads(path.read_text()))
+        except (ValueError, KeyError, TypeError):
+            costs = None
+        wanted = kwargs.get("topks" if drafter.dynamic_trees else "nodes")
+        if costs is not None and costs.key == key:
+            have = costs.topk if drafter.dynamic_trees else costs.nodes
+            if wanted is None or set(wanted) <= set(have):
+                return costs
+    costs = measure_draft_costs(
+        target, drafter, verify, batch=batch, context=context, progress=progress, **kwargs
     )
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(costs.to_json(), indent=2) + "\n")

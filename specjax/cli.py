@@ -56,7 +56,10 @@ def run_generation(loaded, ids, *, max_new_tokens, sampling, seed, drafter=None,
         fn, args = specjax.generate, (loaded.model, [ids])
     else:
         fn, args = specjax.speculative_generate, (loaded.model, drafter, [ids])
-        kwargs["config"] = specjax.SpecConfig(tree=tree)
+        # No --tree: the hardware-aware default chooses it (printed with its prediction).
+        kwargs["config"] = (
+            specjax.SpecConfig.auto() if tree is None else specjax.SpecConfig(tree=tree)
+        )
     # The first call compiles; the second (same output) is the timed one.
     _, first = _timed(fn, *args, **kwargs)
     out, run = _timed(fn, *args, **kwargs)
@@ -74,6 +77,11 @@ def report(loaded, out, run, compile_s, label):
             f", tau {float(out.stats['tau'][0]):.2f} tokens/target call, "
             f"{int(out.stats['target_calls'][0])} target calls"
         )
+        if "predicted_speedup" in out.stats:
+            extra += (
+                f", tree {out.stats['tree']} (chosen for this hardware: predicted tau "
+                f"{out.stats['predicted_tau']:.2f}, speedup {out.stats['predicted_speedup']:.2f}x)"
+            )
     print(
         f"[{label}: {n} tokens, {n / run:.1f} tokens/s{extra}, compile {compile_s:.1f}s, "
         f"backend {jax.default_backend()}]",
@@ -90,7 +98,7 @@ def cmd_generate(args) -> int:
     loaded = specjax.load(args.model, tokenizer=args.tokenizer)
     ids = _encode_prompt(loaded, args.prompt, args.chat)
     drafter = _drafter_spec().make_drafter(args.drafter, loaded) if args.drafter else None
-    tree = _drafter_spec().tree_for(args.drafter, args.tree)
+    tree = _drafter_spec().tree_for(args.drafter, args.tree) if args.tree else None
     out, run, comp = run_generation(
         loaded,
         ids,
@@ -117,7 +125,7 @@ def cmd_demo(args) -> int:
         drafter = specjax.LMDrafter(specjax.load(shared_path(LLAMA2XS)).model)
         prompt = args.prompt or "Once upon a time"
         ids = loaded.tokenizer.encode(prompt, bos=True)
-        tree = _drafter_spec().parse_tree(args.tree)
+        tree = _drafter_spec().parse_tree(args.tree) if args.tree else None
         label = "speculative, llama2xs-279K drafting for stories260K"
     else:
         loaded = specjax.load(shared_path(SMOLLM2))
@@ -125,7 +133,7 @@ def cmd_demo(args) -> int:
         drafter = specjax.load_drafter(drafter_dir, loaded.model)
         prompt = args.prompt or "Explain in a few sentences why the sky is blue."
         ids = _encode_prompt(loaded, prompt, chat=True)
-        tree = _drafter_spec().tree_for(str(drafter_dir), args.tree)
+        tree = _drafter_spec().tree_for(str(drafter_dir), args.tree) if args.tree else None
         label = f"speculative, {SMOLLM2_MDC} drafting for SmolLM2-135M-Instruct"
     common = dict(max_new_tokens=args.max_new_tokens, sampling=sampling, seed=0)
     ar, ar_run, _ = run_generation(loaded, ids, **common)
@@ -198,7 +206,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="draft model PATH (same vocabulary), a trained drafter DIR (specjax train-drafter, "
         "e.g. checkpoints/smollm2-mdc) or self:K (target's first K layers)",
     )
-    gen.add_argument("--tree", default=None, help="draft tree N,DEPTH,TOPK (default: chain of 4)")
+    gen.add_argument(
+        "--tree",
+        default=None,
+        help="draft tree N,DEPTH,TOPK (default: chosen for this hardware, SpecConfig.auto())",
+    )
     gen.set_defaults(func=cmd_generate)
     demo = sub.add_parser(
         "demo", help="speculative vs plain decoding with a shipped drafter (SmolLM2 or stories)"
@@ -208,7 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--max-new-tokens", type=int, default=128)
     demo.add_argument("--temperature", type=float, default=0.0)
     demo.add_argument(
-        "--tree", default=None, help="draft tree N,DEPTH,TOPK (default: 31,6,8 / chain of 4)"
+        "--tree", default=None, help="draft tree N,DEPTH,TOPK (default: chosen for this hardware)"
     )
     demo.set_defaults(func=cmd_demo)
     trn = sub.add_parser(

@@ -203,6 +203,13 @@ class SpecConfig:
                 f"rule {self.rule!r} needs a chain tree, got branching {self.tree.branching}"
             )
 
+    @staticmethod
+    def auto(**kwargs) -> AutoSpecConfig:
+        """The default of speculative_generate: the draft tree is chosen for this hardware,
+        model and drafter from measured costs and the drafter's acceptance profile (see
+        AutoSpecConfig and specjax.choice). An explicit SpecConfig always wins."""
+        return AutoSpecConfig(**kwargs)
+
     def resolved_rule(self, sampling: SamplingConfig, sampled_children: bool = True) -> str:
         """The rule that runs. sampled_children=False is a drafter whose children are its top-k
         (feature drafters): only the one-hot tree rule is lossless for those when sampling."""
@@ -222,3 +229,29 @@ class SpecConfig:
     def children_sampled(self, sampling: SamplingConfig) -> bool:
         """Whether drafted children are sampled from q (else: top-k of q, one-hot q)."""
         return self.resolved_rule(sampling) in ("chain", "tree_sampled", "hsd")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AutoSpecConfig:
+    """Choose the draft tree per call (specjax.choice): of every tree within the drafter's
+    acceptance profile with at most max_nodes nodes, the one with the highest predicted tokens
+    per second on this backend. Costs are measured at `context` committed tokens once per
+    backend, device kind, model, batch and dtype and kept on disk (specjax.autotune).
+    verbose: progress lines and the choice on stderr. allow_autoregressive: when no tree is
+    predicted to beat plain decoding, decode autoregressively (the same output distribution;
+    stats tree "autoregressive"). rule / attn_impl as in SpecConfig."""
+
+    rule: str = "auto"
+    attn_impl: str = "auto"
+    max_nodes: int = 64
+    context: int = 256
+    verbose: bool = True
+    allow_autoregressive: bool = True
+
+    def __post_init__(self):
+        if self.rule not in RULES:
+            raise ValueError(f"unknown acceptance rule {self.rule!r}; choose from {RULES}")
+        if self.max_nodes < 1:
+            raise ValueError(f"max_nodes must be >= 1, got {self.max_nodes}")
+        if self.context < 1:
+            raise ValueError(f"context must be >= 1, got {self.context}")

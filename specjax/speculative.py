@@ -25,20 +25,22 @@ import functools
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from specjax.cache import tree_reserve
-from specjax.config import SamplingConfig, SpecConfig
+from specjax.config import AutoSpecConfig, SamplingConfig, SpecConfig
 from specjax.decode import (
     GenerateOutput,
     check_eos,
     check_sampling,
     choose_tokens,
+    generate,
     prepare_keys,
     prepare_prompts,
 )
 from specjax.drafters.base import RootContext
-from specjax.tree import ancestor_mask, static_ancestor_mask
+from specjax.tree import Acceptance, DraftTree, ancestor_mask, static_ancestor_mask
 from specjax.verifiers.full import FullVerifier, nonfinite_rows
 
 
@@ -157,6 +159,11 @@ class SpeculativeLoop:
 
     def step(self, s: SpecState) -> SpecState:
         """One speculative step for every row (finished rows compute but change nothing)."""
+        return self.traced_step(s)[0]
+
+    def traced_step(self, s: SpecState) -> tuple[SpecState, DraftTree, Acceptance]:
+        """`step`, also returning the step's draft tree and its acceptance (what calibration
+        runs record: specjax.acceptance)."""
         cfg, p = self.config, self.path_slots
         lengths = self.verifier.lengths(s.verifier_state)
         step_keys = jax.vmap(jax.random.fold_in)(s.keys, lengths)
@@ -208,7 +215,7 @@ class SpeculativeLoop:
         last_node = jnp.take_along_axis(acc.path, acc.n_accepted[:, None], axis=1)
         last_accepted = jnp.take_along_axis(tree.tokens, last_node, axis=1)[:, 0]
         hist = jax.nn.one_hot(acc.n_accepted, p, dtype=jnp.int32)
-        return s.replace(
+        new = s.replace(
             tokens=tokens,
             n_generated=n_generated,
             done=done,
@@ -220,6 +227,7 @@ class SpeculativeLoop:
             accepted_hist=s.accepted_hist + jnp.where(live[:, None], hist, 0),
             nonfinite=s.nonfinite + (live & v.nonfinite),
         )
+        return new, tree, acc
 
     def output(self, final: SpecState) -> GenerateOutput:
         p, max_new = self.path_slots, self.max_new_tokens
@@ -275,6 +283,107 @@ def _speculative(
     return loop.output(final)
 
 
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "target_def", "drafter_def", "verifier_def", "max_new_tokens", "config", "sampling"
+    ),
+)  # fmt: skip
+def _init_state(
+    target_def, target_params, drafter_def, drafter_params, verifier_def, verifier_params,
+    ids, prompt_lens, keys, eos_id, *, max_new_tokens, config, sampling,
+):  # fmt: skip
+    loop = SpeculativeLoop(
+        target=nnx.merge(target_def, target_params),
+        drafter=nnx.merge(drafter_def, drafter_params),
+        verifier=nnx.merge(verifier_def, verifier_params),
+        config=config,
+        sampling=sampling,
+        max_new_tokens=max_new_tokens,
+    )
+    return loop.init(ids, prompt_lens, keys, eos_id)
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "target_def", "drafter_def", "verifier_def", "max_new_tokens", "config", "sampling"
+    ),
+    donate_argnames=("state",),
+)  # fmt: skip
+def _traced_step(
+    target_def, target_params, drafter_def, drafter_params, verifier_def, verifier_params,
+    state, *, max_new_tokens, config, sampling,
+):  # fmt: skip
+    loop = SpeculativeLoop(
+        target=nnx.merge(target_def, target_params),
+        drafter=nnx.merge(drafter_def, drafter_params),
+        verifier=nnx.merge(verifier_def, verifier_params),
+        config=config,
+        sampling=sampling,
+        max_new_tokens=max_new_tokens,
+    )
+    live = ~state.done
+    new, tree, acc = loop.traced_step(state)
+    return new, tree.replace(draft_dist=None), acc, live
+
+
+class SteppedRun:
+    """A speculative run one step at a time from Python (calibration and cost measurement): the
+    same init and step as speculative_generate's while_loop, each jitted on its own.
+
+    `step()` -> (tree, acceptance, live [B]): the step's draft tree (draft_dist dropped), what
+    was accepted, and which rows were live in it. `done` is True once every row finished.
+    """
+
+    def __init__(
+        self,
+        target,
+        drafter,
+        prompts,
+        *,
+        max_new_tokens: int,
+        config: SpecConfig,
+        sampling: SamplingConfig = SamplingConfig(),
+        key=None,
+        eos_id: int | None = None,
+        verifier=None,
+    ):
+        check_speculative_args(target, drafter, config, sampling)
+        verifier = FullVerifier() if verifier is None else verifier
+        tree = config.tree
+        eos = check_eos(eos_id, target.config)
+        ids, lens = prepare_prompts(
+            prompts,
+            target.config,
+            max_new_tokens,
+            extra_slots=tree_reserve(tree.num_nodes, tree.max_depth),
+        )
+        target_def, target_params = nnx.split(target)
+        drafter_def, drafter_params = nnx.split(drafter)
+        verifier_def, verifier_params = nnx.split(verifier)
+        self._static = dict(max_new_tokens=max_new_tokens, config=config, sampling=sampling)
+        self._parts = (
+            target_def, target_params, drafter_def, drafter_params, verifier_def, verifier_params
+        )  # fmt: skip
+        self.state = _init_state(
+            *self._parts,
+            jnp.asarray(ids),
+            jnp.asarray(lens),
+            prepare_keys(key, ids.shape[0]),
+            jnp.int32(eos),
+            **self._static,
+        )
+
+    @property
+    def done(self) -> bool:
+        return bool(jnp.all(self.state.done))
+
+    def step(self):
+        self.state, tree, acc, live = _traced_step(*self._parts, self.state, **self._static)
+        return tree, acc, live
+
+
 def check_speculative_args(target, drafter, config: SpecConfig, sampling: SamplingConfig) -> None:
     """Every check that needs no compilation: raises ValueError naming the problem."""
     check_sampling(sampling)
@@ -295,7 +404,7 @@ def speculative_generate(
     prompts,
     *,
     max_new_tokens: int,
-    config: SpecConfig = SpecConfig(),
+    config: SpecConfig | AutoSpecConfig = AutoSpecConfig(),
     sampling: SamplingConfig = SamplingConfig(),
     key=None,
     eos_id: int | None = None,
@@ -312,7 +421,21 @@ def speculative_generate(
     produced NaN/inf logits: the output of such a row is not trustworthy; it is reported, not
     raised, since the check runs inside the compiled loop). Greedy output equals `generate`'s;
     sampled output has the same distribution.
+
+    config: SpecConfig.auto() (the default) chooses the draft tree for this backend, target,
+    drafter and batch (specjax.choice; the first call measures costs and may calibrate, both kept
+    on disk) and adds stats tree (its label), predicted_tau and predicted_speedup; an explicit
+    SpecConfig is used as given.
     """
+    choice = None
+    if isinstance(config, AutoSpecConfig):
+        auto = config
+        choice = _choose_config(target, drafter, prompts, auto, sampling, max_new_tokens, eos_id)
+        if choice.config is None:
+            return _autoregressive(
+                target, prompts, choice, auto, max_new_tokens, sampling, key, eos_id
+            )
+        config = choice.config
     check_speculative_args(target, drafter, config, sampling)
     verifier = FullVerifier() if verifier is None else verifier
     cfg = target.config
@@ -325,7 +448,7 @@ def speculative_generate(
     target_def, target_params = nnx.split(target)
     drafter_def, drafter_params = nnx.split(drafter)
     verifier_def, verifier_params = nnx.split(verifier)
-    return _speculative(
+    out = _speculative(
         target_def,
         target_params,
         drafter_def,
@@ -339,4 +462,40 @@ def speculative_generate(
         max_new_tokens=max_new_tokens,
         config=config,
         sampling=sampling,
+    )
+    if choice is not None:
+        out.stats.update(choice.stats())
+    return out
+
+
+def _autoregressive(target, prompts, choice, auto, max_new_tokens, sampling, key, eos_id):
+    """SpecConfig.auto() predicted no tree faster than plain decoding: decode autoregressively,
+    with the speculative stats (one target call per token after the first)."""
+    out = generate(
+        target, prompts, max_new_tokens=max_new_tokens, sampling=sampling, key=key,
+        eos_id=eos_id, attn_impl=auto.attn_impl,
+    )  # fmt: skip
+    calls = jnp.maximum(out.lengths - 1, 0)
+    stats = {
+        "target_calls": calls,
+        "accepted_hist": calls[:, None],
+        "tau": jnp.ones(calls.shape, jnp.float32),
+        "nonfinite_logits": jnp.zeros(calls.shape, jnp.int32),
+        **choice.stats(),
+    }
+    return out.replace(stats=stats)
+
+
+def _choose_config(target, drafter, prompts, auto, sampling, max_new_tokens, eos_id):
+    """Validate what needs no tree, then choose the tree (specjax.choice.resolve_auto)."""
+    from specjax.choice import resolve_auto  # measurement and calibration sit above the engine
+
+    check_sampling(sampling)
+    drafter.check_compatible(target)
+    check_eos(eos_id, target.config)
+    ids, _ = prepare_prompts(prompts, target.config, max_new_tokens, extra_slots=tree_reserve(1, 1))
+    room = target.config.max_seq_len - ids.shape[1] - max_new_tokens - 1
+    rows = [np.asarray(r) for r in prompts] if isinstance(prompts, list) else list(np.asarray(ids))
+    return resolve_auto(
+        target, drafter, rows, auto=auto, sampling=sampling, eos_id=eos_id, room=room
     )

@@ -61,6 +61,9 @@ class Row:
     mismatches: list[str]
     accepted_hist: list[int] | None
     runs_s: list[float]
+    chosen_tree: str = ""  # SpecConfig.auto() rows: what it chose and predicted
+    predicted_tau: float = math.nan
+    predicted_speedup: float = math.nan
 
 
 def explain_mismatch(target: Target, prompt: Prompt, ref: np.ndarray, got: np.ndarray) -> str:
@@ -111,6 +114,21 @@ def _drafters(target: Target, methods: Sequence[Method]) -> dict[str, object]:
     return out
 
 
+def _calibrate_held_in(target, methods, drafters, kind, log) -> None:
+    from specjax.calibration import ensure_pair_profiles, held_in_prompts
+
+    auto = {m.drafter for m in methods if m.kind == SPEC and m.auto}
+    if not auto:
+        return
+    prompts, description = held_in_prompts(kind, target.tokenizer)
+    for spec in sorted(auto):
+        t0 = time.perf_counter()
+        ensure_pair_profiles(
+            target.model, drafters[spec], prompts, description=description, eos_id=target.eos_id
+        )
+        log(f"[bench] acceptance profile of {spec}: ready in {time.perf_counter() - t0:.0f}s")
+
+
 def bench(
     target: Target,
     prompt_sets: Sequence[PromptSet],
@@ -120,8 +138,13 @@ def bench(
     reps: int = 3,
     hf: bool = True,
     log: Callable[[str], None] = print,
+    calibration_kind: str | None = None,
 ) -> list[Row]:
     """Run every method on every prompt set at every temperature; returns the table's rows.
+
+    Auto methods (SpecConfig.auto()) of drafters without a checkpoint profile are calibrated
+    first on held-in prompts of `calibration_kind` ("chat" | "story", specjax.calibration), so
+    that no profile comes from the evaluation prompts; None: they calibrate on their first call.
 
     specjax autoregressive decoding is added as the first method when missing (it is the
     baseline of every speedup and of greedy equality). transformers peers are skipped, with a
@@ -140,6 +163,8 @@ def bench(
     if len(set(names)) != len(names):
         raise ValueError(f"two methods share a name: {names}")
     drafters = _drafters(target, methods)
+    if calibration_kind is not None and target.tokenizer is not None:
+        _calibrate_held_in(target, methods, drafters, calibration_kind, log)
     peer = HFPeer(target, log) if any(m.is_peer for m in methods) else None
 
     rows = []
@@ -212,6 +237,11 @@ def _rows(target, prompts, sampling, methods, runners, timings, log) -> list[Row
             accepted_hist=None if out.accepted_hist is None else out.accepted_hist.tolist(),
             runs_s=list(timing.runs_s),
         )
+        if out.choice is not None:
+            row.chosen_tree = str(out.choice["tree"])
+            row.draft_nodes = row.chosen_tree
+            row.predicted_tau = float(out.choice["predicted_tau"])
+            row.predicted_speedup = float(out.choice["predicted_speedup"])
         rows.append(row)
         log(
             f"  {m.name}: tau {row.tau:.2f}, {row.tokens_per_s:.1f} tok/s, "

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from specjax.config import SpecConfig, TreeConfig
+from specjax.config import AutoSpecConfig, SpecConfig, TreeConfig
 from specjax.datasets import resolve_path
 
 AR = "ar"  # specjax.generate: the baseline of every speedup
@@ -56,7 +56,8 @@ class Method:
 
     drafter: for SPEC "self:K" (the target's first K layers) or a draft checkpoint path; for
     HF_ASSISTED the assistant checkpoint (exported to transformers with the same weights).
-    tree/rule: SPEC's draft tree and acceptance rule; lookup_tokens: HF_LOOKUP's
+    tree/rule: SPEC's draft tree and acceptance rule; auto: SPEC with SpecConfig.auto() (the
+    tree chosen per call from measured costs; tree is then unused); lookup_tokens: HF_LOOKUP's
     prompt_lookup_num_tokens. label: display name (derived when empty).
     """
 
@@ -64,6 +65,7 @@ class Method:
     drafter: str | None = None
     tree: TreeConfig | None = None
     rule: str = "auto"
+    auto: bool = False
     lookup_tokens: int = DEFAULT_LOOKUP_TOKENS
     label: str = ""
 
@@ -80,7 +82,9 @@ class Method:
         return self.kind in PEER_KINDS
 
     @property
-    def config(self) -> SpecConfig:
+    def config(self) -> SpecConfig | AutoSpecConfig:
+        if self.auto:
+            return SpecConfig.auto(rule=self.rule)
         return SpecConfig(tree=self.tree or TreeConfig(), rule=self.rule)
 
     @property
@@ -95,6 +99,13 @@ class Method:
             return f"HF prompt lookup ({self.lookup_tokens})"
         if self.kind == HF_ASSISTED:
             return f"HF assisted ({checkpoint_label(self.drafter)})"
+        if self.drafter.startswith("self:"):
+            who = f"self-draft {self.drafter.split(':', 1)[1]}L"
+        else:
+            who = checkpoint_label(self.drafter)
+        rule = "" if self.rule == "auto" else f", {self.rule}"
+        if self.auto:
+            return f"{who} auto{rule}"
         tree = self.config.tree
         if tree.is_chain:
             shape = f"chain {tree.max_depth}"
@@ -102,16 +113,13 @@ class Method:
             shape = f"tree {tree.budget}/d{tree.max_depth}/top{tree.topk}"
         else:
             shape = "tree (" + ",".join(map(str, tree.branching)) + ")"
-        if self.drafter.startswith("self:"):
-            who = f"self-draft {self.drafter.split(':', 1)[1]}L"
-        else:
-            who = checkpoint_label(self.drafter)
-        rule = "" if self.rule == "auto" else f", {self.rule}"
         return f"{who} {shape}{rule}"
 
     @property
     def draft_nodes(self) -> str:
         """Draft tokens per target call (the tree budget, root excluded)."""
+        if self.kind == SPEC and self.auto:
+            return "auto"
         if self.kind == SPEC:
             return str(self.config.tree.num_nodes - 1)
         if self.kind == HF_LOOKUP:
@@ -125,6 +133,7 @@ def parse_method(spec: str) -> Method:
     """A method from its command-line spelling:
 
     ar | hf | hf-pld[:K] | hf-assisted:CHECKPOINT | DRAFTER[@N,DEPTH,TOPK[@RULE]]
+    | DRAFTER@auto[@RULE]
 
     DRAFTER is self:K, a draft checkpoint (same vocabulary as the target) or a trained drafter
     directory (checkpoints/...); the tree is `specjax generate --tree`'s N,DEPTH,TOPK (default: a
@@ -143,6 +152,9 @@ def parse_method(spec: str) -> Method:
     drafter, *rest = spec.split("@")
     if not drafter or len(rest) > 2:
         raise ValueError(f"method {spec!r}: expected DRAFTER[@N,DEPTH,TOPK[@RULE]]")
+    rule = rest[1] if len(rest) > 1 else "auto"
+    if rest and rest[0] == "auto":
+        return Method(kind=SPEC, drafter=drafter, auto=True, rule=rule)
     from specjax.drafters.spec import tree_for
 
     tree = tree_for(resolve_drafter(drafter), rest[0] if rest else None)

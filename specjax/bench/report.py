@@ -31,6 +31,7 @@ COLUMNS = (
     "tau (95% CI)",
     "tokens/s",
     "speedup vs AR (min-max)",
+    "predicted (tau, speedup)",
     "vs HF generate",
     "vs HF spec",
     "compile s",
@@ -58,6 +59,9 @@ def format_row(r: Row) -> str:
         tau,
         f"{r.tokens_per_s:.1f}",
         f"{r.speedup:.2f}x ({lo:.2f}-{hi:.2f})",
+        "-"
+        if math.isnan(r.predicted_speedup)
+        else f"{r.predicted_tau:.2f}, {r.predicted_speedup:.2f}x",
         _fmt(r.vs_hf_generate, ".2f", "x"),
         _fmt(r.vs_hf_spec, ".2f", "x"),
         _fmt(r.compile_s, ".1f"),
@@ -92,7 +96,9 @@ def write_markdown(
         "generated tokens / target forward calls). tokens/s: generated tokens (EOS included) / "
         "median wall time of the prompt set. speedup vs AR: throughput over specjax "
         "autoregressive decoding, paired per interleaved repetition in this process, median "
-        "(min-max). vs HF generate / vs HF spec: the same paired throughput ratio against "
+        "(min-max). predicted: the tau and speedup SpecConfig.auto() predicted for the tree "
+        "it chose (draft nodes: that tree, dynamic(budget,depth,top-k) or branching(...)). "
+        "vs HF generate / vs HF spec: the same paired throughput ratio against "
         "transformers `generate` and against its speculative peer (assisted generation or "
         "prompt lookup) on the same weights. compile s: compile time of a specjax method "
         "(warm-up minus run time), excluded from the repetitions. greedy = AR: prompts whose "

@@ -35,6 +35,7 @@ class Decoded:
     tokens: list[np.ndarray]
     tau: list[float]
     accepted_hist: np.ndarray | None = None
+    choice: dict | None = None  # SpecConfig.auto(): tree, predicted_tau, predicted_speedup
 
     @property
     def n_tokens(self) -> int:
@@ -97,8 +98,10 @@ class SpecjaxRunner(Runner):
     def warm_indices(self) -> list[int]:
         from specjax.decode import prepare_prompts
 
-        tree = self.method.config.tree
-        extra = tree_reserve(tree.num_nodes, tree.max_depth) if self.drafter is not None else 0
+        extra = 0
+        if self.drafter is not None and not self.method.auto:
+            tree = self.method.config.tree
+            extra = tree_reserve(tree.num_nodes, tree.max_depth)
         first_of_width: dict[int, int] = {}
         for i, p in enumerate(self.prompts.prompts):
             ids, _ = prepare_prompts(
@@ -125,7 +128,7 @@ class SpecjaxRunner(Runner):
         return jax.block_until_ready(out)
 
     def decoded(self) -> Decoded:
-        tokens, tau, hist = [], [], None
+        tokens, tau, hist, choice = [], [], None, None
         for o in self.outputs:
             n = int(o.lengths[0])
             tokens.append(np.asarray(o.tokens[0, :n]))
@@ -135,4 +138,6 @@ class SpecjaxRunner(Runner):
                 tau.append(float(o.stats["tau"][0]))
                 h = np.asarray(o.stats["accepted_hist"][0], np.int64)
                 hist = h if hist is None else hist + h
-        return Decoded(tokens=tokens, tau=tau, accepted_hist=hist)
+                if "predicted_speedup" in o.stats:
+                    choice = {k: o.stats[k] for k in ("tree", "predicted_tau", "predicted_speedup")}
+        return Decoded(tokens=tokens, tau=tau, accepted_hist=hist, choice=choice)

@@ -63,8 +63,9 @@ def run_suites(
             )
         log(f"[bench] {suite.name}: loaded in {time.perf_counter() - t0:.1f}s")
         rows += bench(
-            target, prompt_sets, suite.methods, temperatures=temperatures, reps=reps, hf=hf, log=log
-        )
+            target, prompt_sets, suite.methods, temperatures=temperatures, reps=reps, hf=hf,
+            log=log, calibration_kind=suite.kind,
+        )  # fmt: skip
         jax.clear_caches()  # many compiled programs per suite: keep one process within memory
     return rows, described
 

@@ -78,5 +78,9 @@ def load_drafter(
     check_target(path, header, net, model, strict=strict)
     if net.config.kind == "mdc":
         fresh = {} if fresh_slots is None else {"fresh_slots": fresh_slots}
-        return HiddenStateDrafter(net, model, reuse=reuse, **fresh)
-    return EagleDrafter(net, model)
+        drafter = HiddenStateDrafter(net, model, reuse=reuse, **fresh)
+    else:
+        drafter = EagleDrafter(net, model)
+    # Where its acceptance profile (acceptance.json) lives: SpecConfig.auto() reads it.
+    drafter.checkpoint_dir = str(Path(path).resolve())
+    return drafter

@@ -1,0 +1,292 @@
+"""Acceptance model: how many tokens a drafter gets accepted per step, for any tree shape within
+a probe tree, measured by one calibration run with the probe.
+
+Axis letters: N tree nodes (root included), D depth, P path slots (D + 1).
+
+Static trees (draft models, self-drafting; Sequoia's positional model). Every node at depth
+d - 1 gets b_d children, ranked (top-k order, or sampling order for sampled children). The run
+records, for every child whose parent was accepted, its depth d and rank r and whether it was
+accepted: p[d][r] = P(rank-r child accepted | parent accepted). At most one child of a node is
+accepted, so a node with b_d children passes on with a_d = sum_{r < b_d} p[d][r], and a tree
+with branching (b_1, ..., b_D) accepts E = sum_k prod_{d <= k} a_d draft tokens per step.
+
+Dynamic trees (feature drafters, EAGLE-2's expansion). For a fixed depth and top-k the
+expansion does not depend on the node budget: the budget only keeps the best-scoring nodes
+(cumulative draft log-probability), and the kept set is closed under parents. So one run with
+a large budget gives, per step, the accepted path's score ranks, and hence how many tokens
+every smaller budget (and every smaller depth, ranking only the nodes that deep) would have
+accepted in that step: tau_table[d - 1][n - 1] = mean tokens per step with depth <= d and n
+nodes. Exact for greedy decoding step by step (the smaller tree's accepted path is the longest
+prefix of the probe's that it holds); under sampling an approximation.
+
+Both are written as JSON: a feature drafter's next to its checkpoint (acceptance.json, from
+held-in prompts at training time: experiments/calibrate_drafters.py), other pairs in the cost
+cache (specjax.autotune).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from specjax.config import SamplingConfig, SpecConfig, TreeConfig
+
+FORMAT_VERSION = 1
+PROFILE_FILE = "acceptance.json"
+
+
+def mode_of(sampling: SamplingConfig) -> str:
+    """Profiles are kept for greedy decoding and for sampling (measured at temperature 1)."""
+    return "greedy" if sampling.greedy else "sampled"
+
+
+@dataclasses.dataclass(frozen=True)
+class AcceptanceProfile:
+    """What a calibration run with the probe tree measured (see the module docstring).
+
+    kind: "static" | "dynamic"; mode: "greedy" | "sampled"; probe: the probe's branching
+    (static) or (budget, depth, topk) (dynamic); steps: row-steps recorded; measured_tau: the
+    probe's own tokens per step; rank_accept[d - 1][r], rank_count[d - 1][r]: acceptance and
+    number of children of rank r at depth d whose parent was accepted (for dynamic trees the
+    rank among siblings by draft probability); tau_table: dynamic only (module docstring);
+    prompts: what the calibration prompts were.
+    """
+
+    kind: str
+    mode: str
+    probe: tuple[int, ...]
+    steps: int
+    measured_tau: float
+    rank_accept: tuple[tuple[float, ...], ...]
+    rank_count: tuple[tuple[int, ...], ...]
+    tau_table: tuple[tuple[float, ...], ...] = ()
+    prompts: str = ""
+
+    @property
+    def depth(self) -> int:
+        return self.probe[1] if self.kind == "dynamic" else len(self.probe)
+
+    @property
+    def topk(self) -> int:
+        return self.probe[2] if self.kind == "dynamic" else max(self.probe)
+
+    def depth_accept(self) -> list[float]:
+        """P(some child at depth d accepted | parent accepted), d = 1..D, over the probe."""
+        out = []
+        for acc, cnt in zip(self.rank_accept, self.rank_count, strict=True):
+            parents = cnt[0] if cnt else 0
+            out.append(sum(a * c for a, c in zip(acc, cnt, strict=True)) / max(parents, 1))
+        return out
+
+    def covers(self, tree: TreeConfig) -> bool:
+        """Whether the profile predicts this tree (it lies within the probe)."""
+        if self.kind == "dynamic":
+            return (
+                tree.is_dynamic
+                and tree.topk == self.topk
+                and tree.max_depth <= self.depth
+                and tree.num_nodes <= len(self.tau_table[0])
+            )
+        return (
+            not tree.is_dynamic
+            and tree.max_depth <= len(self.probe)
+            and all(b <= pb for b, pb in zip(tree.branching, self.probe, strict=False))
+        )
+
+    def predict_tau(self, tree: TreeConfig) -> float:
+        """Expected tokens per step (accepted + 1) with `tree`; ValueError outside the probe."""
+        if not self.covers(tree):
+            raise ValueError(f"tree {tree} lies outside this profile's probe {self.probe}")
+        if self.kind == "dynamic":
+            return self.tau_table[tree.max_depth - 1][tree.num_nodes - 1]
+        expected, reach = 1.0, 1.0
+        for d, b in enumerate(tree.branching):
+            reach *= min(sum(self.rank_accept[d][:b]), 1.0)
+            expected += reach
+        return expected
+
+    def to_json(self) -> dict:
+        return {"version": FORMAT_VERSION, **dataclasses.asdict(self)}
+
+    @classmethod
+    def from_json(cls, data: dict) -> AcceptanceProfile:
+        fields = {f.name for f in dataclasses.fields(cls)}
+        kw = {k: v for k, v in data.items() if k in fields}
+        for name in ("rank_accept", "rank_count", "tau_table"):
+            kw[name] = tuple(tuple(row) for row in kw.get(name, ()))
+        kw["probe"] = tuple(kw["probe"])
+        return cls(**kw)
+
+
+def write_profiles(path: str | Path, profiles: Sequence[AcceptanceProfile]) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = {"version": FORMAT_VERSION, "profiles": [p.to_json() for p in profiles]}
+    path.write_text(json.dumps(data, indent=1) + "\n")
+
+
+def read_profiles(path: str | Path) -> list[AcceptanceProfile]:
+    """Profiles from a JSON file; [] when it is missing. A damaged file raises ValueError."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    try:
+        data = json.loads(path.read_text())
+        return [AcceptanceProfile.from_json(p) for p in data["profiles"]]
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(
+            f"{path}: unreadable acceptance profile ({e}); delete it, or rerun "
+            "experiments/calibrate_drafters.py"
+        ) from None
+
+
+# -- recording -------------------------------------------------------------------------------
+
+
+def _node_scores(parents: np.ndarray, probs: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    """Cumulative draft log-probability of every node [N] (root 0, invalid -inf); parents precede
+    children."""
+    score = np.full(parents.shape, -np.inf)
+    score[0] = 0.0
+    for i in range(1, len(parents)):
+        if valid[i]:
+            score[i] = score[parents[i]] + math.log(max(float(probs[i]), 1e-30))
+    return score
+
+
+def _sibling_ranks(parents: np.ndarray, order_key: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    """Rank of every node among its siblings by descending order_key (ties: lower index)."""
+    rank = np.zeros(parents.shape, np.int64)
+    for p in np.unique(parents[1:][valid[1:]]):
+        kids = [i for i in range(1, len(parents)) if valid[i] and parents[i] == p]
+        kids.sort(key=lambda i: (-order_key[i], i))
+        for r, i in enumerate(kids):
+            rank[i] = r
+    return rank
+
+
+class ProfileRecorder:
+    """Accumulates the steps of a calibration run with the probe tree into a profile."""
+
+    def __init__(self, probe: TreeConfig, mode: str):
+        self.probe = probe
+        self.mode = mode
+        self.depth = probe.max_depth
+        width = probe.topk
+        self.accept = np.zeros((self.depth, width), np.int64)
+        self.count = np.zeros((self.depth, width), np.int64)
+        n = probe.num_nodes
+        self.tau_sum = np.zeros((self.depth, n))
+        self.steps = 0
+        self.tokens = 0
+
+    def add(self, parents, depth, valid, probs, path, n_accepted) -> None:
+        """One row's step: its tree (parents, depth, valid, draft probs [N]) and the accepted
+        path [P] with n_accepted."""
+        parents, depth = np.asarray(parents), np.asarray(depth)
+        valid, probs = np.asarray(valid, bool), np.asarray(probs, np.float64)
+        n_acc = int(n_accepted)
+        on_path = set(int(i) for i in np.asarray(path)[: n_acc + 1])
+        self.steps += 1
+        self.tokens += n_acc + 1
+        if self.probe.is_dynamic:
+            score = _node_scores(parents, probs, valid)
+            rank = _sibling_ranks(parents, score, valid)
+        else:  # static children are contiguous in rank order under their parent
+            rank = np.zeros_like(parents)
+            for i in range(1, len(parents)):
+                rank[i] = i - int(np.argmax(parents == parents[i]))
+        for i in range(1, len(parents)):
+            if valid[i] and int(parents[i]) in on_path and rank[i] < self.count.shape[1]:
+                self.count[depth[i] - 1, rank[i]] += 1
+                self.accept[depth[i] - 1, rank[i]] += i in on_path
+        if self.probe.is_dynamic:
+            self._add_dynamic(np.asarray(path)[1 : n_acc + 1], depth, valid, score)
+
+    def _add_dynamic(self, path, depth, valid, score) -> None:
+        n = self.tau_sum.shape[1]
+        for d in range(1, self.depth + 1):
+            keep = valid & (depth <= d)
+            keep[0] = False
+            order = sorted(np.flatnonzero(keep), key=lambda i: (-score[i], i))
+            rank = {int(i): r for r, i in enumerate(order)}
+            # Accepted with budget m (nodes m + 1): the path prefix whose ranks are all < m.
+            need = 0  # budget the path prefix needs so far
+            accepted_at = []  # (budget needed, path length)
+            for j, node in enumerate(path[:d], 1):
+                need = max(need, rank[int(node)] + 1)
+                accepted_at.append((need, j))
+            row = np.ones(n)
+            for need, j in accepted_at:
+                row[need:] = 1 + j  # nodes = budget + 1 >= need + 1
+            self.tau_sum[d - 1] += row
+
+    def profile(self, prompts: str = "") -> AcceptanceProfile:
+        acc = np.where(self.count > 0, self.accept / np.maximum(self.count, 1), 0.0)
+        probe = self.probe
+        if probe.is_dynamic:
+            probe_tuple = (probe.budget, probe.max_depth, probe.topk)
+            table = tuple(tuple(round(float(x), 5) for x in r / max(self.steps, 1))
+                          for r in self.tau_sum)  # fmt: skip
+            kind = "dynamic"
+        else:
+            probe_tuple, table, kind = tuple(probe.branching), (), "static"
+        return AcceptanceProfile(
+            kind=kind,
+            mode=self.mode,
+            probe=probe_tuple,
+            steps=self.steps,
+            measured_tau=self.tokens / max(self.steps, 1),
+            rank_accept=tuple(tuple(round(float(x), 5) for x in row) for row in acc),
+            rank_count=tuple(tuple(int(x) for x in row) for row in self.count),
+            tau_table=table,
+            prompts=prompts,
+        )
+
+
+def calibrate(
+    target,
+    drafter,
+    prompts,
+    *,
+    probe: TreeConfig,
+    sampling: SamplingConfig = SamplingConfig(),
+    max_new_tokens: int = 64,
+    eos_id: int | None = None,
+    key=None,
+    description: str = "",
+    progress: Callable[[str], None] | None = None,
+) -> AcceptanceProfile:
+    """Run speculative decoding with the probe tree on `prompts` (token-id lists), recording every
+    live row's step, and return the profile. Sampled profiles are measured at `sampling` (use
+    temperature 1)."""
+    import jax
+
+    from specjax.speculative import SteppedRun
+
+    run = SteppedRun(
+        target,
+        drafter,
+        prompts,
+        max_new_tokens=max_new_tokens,
+        config=SpecConfig(tree=probe),
+        sampling=sampling,
+        key=jax.random.key(0) if key is None else key,
+        eos_id=eos_id,
+    )
+    recorder = ProfileRecorder(probe, mode_of(sampling))
+    while not run.done:
+        tree, acc, live = jax.device_get(run.step())
+        for b in np.flatnonzero(live):
+            recorder.add(
+                tree.parents[b], tree.depth[b], tree.valid[b], tree.draft_prob[b],
+                acc.path[b], acc.n_accepted[b],
+            )  # fmt: skip
+        if progress is not None and recorder.steps % 50 < int(live.sum()):
+            progress(f"calibrating acceptance: {recorder.steps} row-steps")
+    return recorder.profile(description)

@@ -1,0 +1,279 @@
+"""Hardware-aware choice of the draft tree (SpecConfig.auto()): the tree that maximizes predicted
+tokens per second = E[tokens per step](tree) / (t_verify(N) + t_draft(tree) + overhead).
+
+E[tokens per step] comes from the drafter's acceptance profile (specjax.acceptance): a trained
+feature drafter's acceptance.json from its checkpoint folder (written from held-in prompts), or,
+for a draft model / self-draft pair, a short calibration run (on the call's own prompts when
+nothing was calibrated before) kept in the cost cache. The costs come from specjax.autotune
+(measured once per backend, device kind, model, batch and dtype). Every tree within the
+profile's probe is a candidate: static branchings for draft models and self-drafting,
+(budget, depth, top-k) for feature drafters. The predicted speedup is against autoregressive
+decoding, whose cost per token is taken as t_verify(1).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import sys
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+
+from specjax.acceptance import (
+    PROFILE_FILE,
+    AcceptanceProfile,
+    calibrate,
+    mode_of,
+    read_profiles,
+    write_profiles,
+)
+from specjax.autotune import (
+    DraftCosts,
+    VerifyCosts,
+    cache_dir,
+    draft_costs,
+    drafter_key,
+    verify_costs,
+)
+from specjax.cache import tree_reserve
+from specjax.config import AutoSpecConfig, SamplingConfig, SpecConfig, TreeConfig
+
+# Probe trees of calibration runs: every candidate lies within one.
+STATIC_PROBE = TreeConfig(branching=(4, 2, 1, 1, 1, 1, 1, 1))  # 61 nodes
+PROBE_DEPTH = 8
+PROBE_TOPKS = (4, 8)
+# A calibration on the call's own prompts (nothing calibrated before) uses at most these.
+CALIBRATION_ROWS = 4
+CALIBRATION_TOKENS = 48
+
+
+# Choices made in this process, by (target, drafter, batch, mode, room, AutoSpecConfig): a
+# repeated call skips the fingerprints and file reads.
+_CHOSEN: dict[tuple, tuple] = {}
+
+
+def _say(message: str) -> None:
+    print(f"[specjax] {message}", file=sys.stderr, flush=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """The chosen config with its predictions: tau (tokens per step), seconds per step, the
+    autoregressive seconds per token it is compared with, and how many trees were weighed.
+    config None: autoregressive decoding (no tree was predicted to be faster)."""
+
+    config: SpecConfig | None
+    predicted_tau: float
+    seconds_per_step: float
+    ar_seconds_per_token: float
+    candidates: int
+
+    @property
+    def predicted_speedup(self) -> float:
+        return self.predicted_tau * self.ar_seconds_per_token / self.seconds_per_step
+
+    def tree_label(self) -> str:
+        if self.config is None:
+            return "autoregressive"
+        tree = self.config.tree
+        if tree.is_dynamic:
+            return f"dynamic({tree.budget},{tree.max_depth},{tree.topk})"
+        return "branching(" + ",".join(str(b) for b in tree.branching) + ")"
+
+    def stats(self) -> dict:
+        return {
+            "tree": self.tree_label(),
+            "predicted_tau": self.predicted_tau,
+            "predicted_speedup": self.predicted_speedup,
+        }
+
+    def describe(self) -> str:
+        if self.config is None:
+            return (
+                f"no draft tree is predicted to beat autoregressive decoding here "
+                f"({self.candidates} trees weighed): decoding autoregressively"
+            )
+        return (
+            f"tree {self.tree_label()} ({self.config.tree.num_nodes} nodes): predicted tau "
+            f"{self.predicted_tau:.2f}, predicted speedup {self.predicted_speedup:.2f}x "
+            f"over autoregressive decoding ({self.candidates} trees weighed)"
+        )
+
+
+def candidate_trees(profile: AcceptanceProfile, max_nodes: int) -> Iterator[TreeConfig]:
+    """Every tree within the profile's probe with at most max_nodes nodes (root included)."""
+    if profile.kind == "dynamic":
+        budget, depth, topk = profile.probe
+        for d in range(1, depth + 1):
+            for n in range(1, min(budget, max_nodes - 1) + 1):
+                yield TreeConfig.dynamic(n, d, topk)
+        return
+    for d in range(1, len(profile.probe) + 1):
+        for branching in itertools.product(*(range(1, b + 1) for b in profile.probe[:d])):
+            tree = TreeConfig(branching=tuple(branching))
+            if tree.num_nodes <= max_nodes:
+                yield tree
+
+
+def choose(
+    profiles: Sequence[AcceptanceProfile],
+    verify: VerifyCosts,
+    draft: DraftCosts,
+    *,
+    max_nodes: int = 64,
+    room: int | None = None,
+    rule: str = "auto",
+    attn_impl: str = "auto",
+    allow_autoregressive: bool = True,
+) -> Choice:
+    """The candidate tree of highest predicted tokens per second (module docstring). room: the
+    cache slots a step may use past a row's length (None: no limit). When no tree is predicted
+    to beat autoregressive decoding and allow_autoregressive, the choice is plain decoding
+    (config None)."""
+    best, count = None, 0
+    t_ar = verify.t_verify(1)
+    for profile in profiles:
+        for tree in candidate_trees(profile, max_nodes):
+            if rule in ("chain", "hsd") and not tree.is_chain:
+                continue
+            if draft.kind == "dynamic" and tree.topk not in draft.topk:
+                continue
+            if room is not None and max(tree.num_nodes, tree.max_depth + 1) > room:
+                continue
+            count += 1
+            tau = profile.predict_tau(tree)
+            seconds = verify.t_verify(tree.num_nodes) + draft.t_draft(tree) + draft.overhead
+            rate = tau / seconds
+            if best is None or rate > best[0] * (1 + 1e-9):
+                best = (rate, tree, tau, seconds)
+    if best is None:
+        raise ValueError("no candidate tree: the acceptance profiles cover no tree that fits")
+    rate, tree, tau, seconds = best
+    if allow_autoregressive and rate * t_ar < 1.0:
+        return Choice(None, 1.0, float(t_ar), float(t_ar), count)
+    config = SpecConfig(tree=tree, rule=rule, attn_impl=attn_impl)
+    return Choice(config, float(tau), float(seconds), float(t_ar), count)
+
+
+def pair_profile_file(target, drafter, mode: str):
+    """Where a calibrated (target, drafter) pair's profile for `mode` is kept."""
+    key = drafter_key(target, drafter, batch=0, context=0) + "|" + mode
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return cache_dir() / "acceptance" / f"{digest}.json"
+
+
+def probes_for(drafter, max_nodes: int = 64) -> tuple[TreeConfig, ...]:
+    """The probe trees a drafter is calibrated with (every candidate lies within one): for
+    dynamic trees max_nodes nodes, depth PROBE_DEPTH, top-4 and top-8; for static trees
+    STATIC_PROBE, narrowed from its deepest branching level until it has <= max_nodes nodes
+    (then shortened)."""
+    if drafter.dynamic_trees:
+        budget = max(max_nodes - 1, 1)
+        return tuple(TreeConfig.dynamic(budget, PROBE_DEPTH, k) for k in PROBE_TOPKS)
+    branching = list(STATIC_PROBE.branching)
+    while TreeConfig(branching=tuple(branching)).num_nodes > max_nodes:
+        wide = [i for i, b in enumerate(branching) if b > 1]
+        if wide:
+            branching[wide[-1]] -= 1
+        elif len(branching) > 1:
+            branching.pop()
+        else:
+            break
+    return (TreeConfig(branching=tuple(branching)),)
+
+
+def find_profiles(
+    target,
+    drafter,
+    prompts,
+    *,
+    sampling: SamplingConfig,
+    eos_id: int | None = None,
+    max_nodes: int = 64,
+    progress=_say,
+) -> list[AcceptanceProfile]:
+    """The drafter's acceptance profiles for this sampling mode: from its checkpoint folder, else
+    from an earlier calibration of the pair, else calibrated now on the first rows of `prompts`
+    (and kept)."""
+    mode = mode_of(sampling)
+    folder = getattr(drafter, "checkpoint_dir", None)
+    if folder is not None:
+        found = [p for p in read_profiles(f"{folder}/{PROFILE_FILE}") if p.mode == mode]
+        if found:
+            return found
+    path = pair_profile_file(target, drafter, mode)
+    found = read_profiles(path)
+    if found:
+        return found
+    rows = [list(map(int, np.asarray(p).reshape(-1))) for p in list(prompts)[:CALIBRATION_ROWS]]
+    probes = probes_for(drafter, max_nodes)
+    reserve = max(tree_reserve(p.num_nodes, p.max_depth) for p in probes)
+    tokens = min(CALIBRATION_TOKENS, target.config.max_seq_len - max(map(len, rows)) - reserve)
+    if tokens < 8:
+        raise ValueError(
+            "SpecConfig.auto() has no acceptance profile for this drafter and the prompts leave "
+            "no room to calibrate one: pass an explicit SpecConfig(tree=...), or calibrate "
+            "first with specjax.calibration.ensure_pair_profiles on shorter prompts"
+        )
+    if progress is not None:
+        progress(
+            f"no acceptance profile for this drafter ({mode}): calibrating on the first "
+            f"{len(rows)} prompt(s), {tokens} tokens (kept in {path.parent})"
+        )
+    found = [
+        calibrate(
+            target,
+            drafter,
+            rows,
+            probe=probe,
+            sampling=sampling,
+            eos_id=eos_id,
+            max_new_tokens=tokens,
+            description="the first prompts of a call",
+        )  # fmt: skip
+        for probe in probes
+    ]
+    write_profiles(path, found)
+    return found
+
+
+def resolve_auto(
+    target,
+    drafter,
+    prompts,
+    *,
+    auto: AutoSpecConfig,
+    sampling: SamplingConfig,
+    eos_id: int | None = None,
+    room: int | None = None,
+) -> Choice:
+    """Choose the config for a call (speculative_generate with SpecConfig.auto()). room: the
+    cache slots past the prompt and the new tokens (trees that need more are skipped)."""
+    batch = len(prompts)
+    mode = mode_of(sampling)
+    memo_key = (id(target), id(drafter), batch, mode, room, auto)
+    if memo_key in _CHOSEN:
+        return _CHOSEN[memo_key][0]
+    progress = _say if auto.verbose else None
+    profiles = find_profiles(target, drafter, prompts, sampling=sampling, eos_id=eos_id,
+                             max_nodes=auto.max_nodes, progress=progress)  # fmt: skip
+    # Costs at a representative context that leaves the model room for the largest tree.
+    context = max(1, min(auto.context, target.config.max_seq_len - auto.max_nodes - 16))
+    grid = sorted({n for n in (1, 2, 4, 8, 16, 32, 64) if n < auto.max_nodes} | {auto.max_nodes})
+    verify = verify_costs(target, batch=batch, context=context, nodes=grid, progress=progress)
+    if drafter.dynamic_trees:
+        extra = {"topks": tuple(sorted({p.topk for p in profiles}))}
+    else:
+        extra = {"nodes": tuple(n for n in grid if n >= 2) or (2,)}
+    draft = draft_costs(target, drafter, verify, batch=batch, context=context,
+                        progress=progress, **extra)  # fmt: skip
+    choice = choose(
+        profiles, verify, draft, max_nodes=auto.max_nodes, room=room, rule=auto.rule,
+        attn_impl=auto.attn_impl, allow_autoregressive=auto.allow_autoregressive,
+    )  # fmt: skip
+    if progress is not None:
+        progress(choice.describe())
+    _CHOSEN[memo_key] = (choice, target, drafter)  # holding them keeps their ids unique
+    return choice

@@ -1,0 +1,155 @@
+"""The acceptance model (specjax.acceptance), the choice of the tree (specjax.choice) and the
+SpecConfig.auto() path of speculative_generate. Synthetic profiles and costs check the arithmetic;
+the end-to-end test checks that the default call chooses, reports and stays exact. No timing is
+asserted: measured seconds depend on the machine."""
+
+import math
+
+import chex
+import numpy as np
+import pytest
+from flax import nnx
+
+import specjax
+from specjax.acceptance import AcceptanceProfile, ProfileRecorder, read_profiles, write_profiles
+from specjax.autotune import DraftCosts, VerifyCosts
+from specjax.choice import candidate_trees, choose, probes_for
+from specjax.config import TINY, AutoSpecConfig, SpecConfig, TreeConfig
+from specjax.drafters import LMDrafter
+
+# Static probe (2, 1): root -> nodes 1, 2 (ranks 0, 1) -> node 3 under 1, node 4 under 2.
+STATIC_PARENTS = [-1, 0, 0, 1, 2]
+STATIC_DEPTH = [0, 1, 1, 2, 2]
+STATIC_STEPS = [([0, 1, 3], 2), ([0, 2, 4], 2), ([0, 1, 0], 1), ([0, 0, 0], 0)]
+
+
+def static_profile() -> AcceptanceProfile:
+    rec = ProfileRecorder(TreeConfig(branching=(2, 1)), "greedy")
+    for path, n_acc in STATIC_STEPS:
+        rec.add(STATIC_PARENTS, STATIC_DEPTH, [True] * 5, [1.0] * 5, path, n_acc)
+    return rec.profile("synthetic")
+
+
+def test_static_profile_counts_children_of_accepted_parents():
+    p = static_profile()
+    # Depth 1: 4 steps, node 1 (rank 0) accepted twice, node 2 (rank 1) once.
+    assert p.rank_count[0] == (4, 4) and p.rank_accept[0] == (0.5, 0.25)
+    # Depth 2: only children of an accepted parent count (3 steps), accepted in 2.
+    assert p.rank_count[1][0] == 3 and p.rank_accept[1][0] == pytest.approx(2 / 3, abs=1e-4)
+    assert p.measured_tau == pytest.approx((3 + 3 + 2 + 1) / 4)
+    # Sequoia's formula reproduces the probe's own tau here, and prices sub-trees.
+    assert p.predict_tau(TreeConfig(branching=(2, 1))) == pytest.approx(2.25, abs=1e-4)
+    assert p.predict_tau(TreeConfig.chain(2)) == pytest.approx(1 + 0.5 + 0.5 * 2 / 3, abs=1e-4)
+    assert p.predict_tau(TreeConfig.chain(1)) == pytest.approx(1.5)
+    assert not p.covers(TreeConfig(branching=(3,)))
+    with pytest.raises(ValueError, match="outside"):
+        p.predict_tau(TreeConfig.chain(3))
+
+
+def test_dynamic_table_counts_what_each_smaller_budget_keeps():
+    # Root; depth 1: node 1 (q .6), node 2 (q .3); depth 2: node 3 under 1 (q .9, score .54),
+    # node 4 under 2 (q .5, score .15). Score ranks: 1, 3, 2, 4. Accepted path: 2 then 4.
+    rec = ProfileRecorder(TreeConfig.dynamic(4, 2, 2), "greedy")
+    rec.add([-1, 0, 0, 1, 2], [0, 1, 1, 2, 2], [True] * 5, [1, 0.6, 0.3, 0.9, 0.5], [0, 2, 4], 2)
+    p = rec.profile()
+    chex.assert_trees_all_close(np.array(p.tau_table[0]), np.array([1, 1, 2, 2, 2.0]))
+    chex.assert_trees_all_close(np.array(p.tau_table[1]), np.array([1, 1, 1, 2, 3.0]))
+    assert p.predict_tau(TreeConfig.dynamic(2, 1, 2)) == 2.0  # depth 1 keeps nodes 1 and 2
+    assert p.predict_tau(TreeConfig.dynamic(2, 2, 2)) == 1.0  # depth 2 keeps nodes 1 and 3
+    assert p.predict_tau(TreeConfig.dynamic(4, 2, 2)) == 3.0
+    assert not p.covers(TreeConfig.dynamic(4, 2, 4))  # another top-k: another expansion
+    # Sibling ranks by draft probability: node 2 is rank 1 at depth 1.
+    assert p.rank_accept[0] == (0.0, 1.0)
+
+
+def test_profiles_round_trip_and_damaged_files_raise(tmp_path):
+    p = static_profile()
+    write_profiles(tmp_path / "a.json", [p])
+    assert read_profiles(tmp_path / "a.json") == [p]
+    assert read_profiles(tmp_path / "missing.json") == []
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(ValueError, match="unreadable acceptance profile"):
+        read_profiles(tmp_path / "bad.json")
+
+
+def flat_profile(depth=4, topk=4, nodes=16, gain=2.0):
+    """A dynamic profile whose tau grows with diminishing returns, 1 + gain (1 - 0.8^(n - 1))
+    for n nodes, at most depth + 1."""
+    table = tuple(
+        tuple(min(1 + gain * (1 - 0.8 ** (n - 1)), 1 + d) for n in range(1, nodes + 1))
+        for d in range(1, depth + 1)
+    )
+    zero = tuple((0.0,) * topk for _ in range(depth))
+    return AcceptanceProfile(
+        kind="dynamic", mode="greedy", probe=(nodes - 1, depth, topk), steps=1,
+        measured_tau=table[-1][-1], rank_accept=zero, rank_count=tuple((0,) * topk
+        for _ in range(depth)), tau_table=table,
+    )  # fmt: skip
+
+
+def test_choice_follows_the_cost_curve():
+    profile = flat_profile()
+    draft = DraftCosts(key="d", kind="dynamic", topk=(4,), deep_depth=4,
+                       shallow=(0.01,), deep=(0.04,))  # fmt: skip
+    flat = VerifyCosts(key="v", nodes=(1, 16), seconds=(1.0, 1.0))  # accelerator-like
+    steep = VerifyCosts(key="v", nodes=(1, 16), seconds=(1.0, 2.5))  # CPU-like
+    wide = choose([profile], flat, draft)
+    narrow = choose([profile], steep, draft)
+    assert wide.config.tree.num_nodes > narrow.config.tree.num_nodes
+    for c, costs in ((wide, flat), (narrow, steep)):  # the best of every candidate
+        best = max(
+            profile.predict_tau(t) / (costs.t_verify(t.num_nodes) + draft.t_draft(t))
+            for t in candidate_trees(profile, 64)
+        )
+        assert c.predicted_tau / c.seconds_per_step == pytest.approx(best)
+        assert c.predicted_speedup == pytest.approx(best * costs.t_verify(1))
+    assert narrow.stats()["tree"].startswith("dynamic(")
+    # Room for at most 3 cache slots past a row: only trees that fit are weighed.
+    small = choose([profile], flat, draft, room=3)
+    assert max(small.config.tree.num_nodes, small.config.tree.max_depth + 1) <= 3
+
+
+def test_choice_falls_back_to_autoregressive_when_no_tree_pays():
+    profile = flat_profile(gain=0.1)
+    draft = DraftCosts(key="d", kind="dynamic", topk=(4,), deep_depth=4,
+                       shallow=(0.5,), deep=(2.0,))  # fmt: skip
+    costs = VerifyCosts(key="v", nodes=(1, 16), seconds=(1.0, 4.0))
+    choice = choose([profile], costs, draft)
+    assert choice.config is None and choice.predicted_speedup == 1.0
+    assert choice.stats()["tree"] == "autoregressive"
+    forced = choose([profile], costs, draft, allow_autoregressive=False)
+    assert forced.config is not None and forced.predicted_speedup < 1
+
+
+def test_static_probe_narrows_to_max_nodes():
+    drafter = LMDrafter.self_draft(1)
+    (probe,) = probes_for(drafter, 64)
+    assert probe.num_nodes <= 64 and probe.max_depth == 8
+    (small,) = probes_for(drafter, 8)
+    assert small.num_nodes <= 8
+    trees = list(candidate_trees(static_profile(), 64))
+    assert TreeConfig(branching=(2, 1)) in trees and TreeConfig.chain(1) in trees
+
+
+def test_default_call_chooses_reports_and_stays_exact(tmp_path, monkeypatch):
+    """speculative_generate's default (SpecConfig.auto()): calibrates the pair on the call's
+    prompts, measures costs into $SPECJAX_CACHE, chooses, and gives generate's greedy tokens."""
+    monkeypatch.setenv("SPECJAX_CACHE", str(tmp_path))
+    target = specjax.Llama(TINY, rngs=nnx.Rngs(0))
+    drafter = LMDrafter.self_draft(1)
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8]]
+    auto = AutoSpecConfig(max_nodes=8, verbose=False, allow_autoregressive=False)
+    ref = specjax.generate(target, prompts, max_new_tokens=12)
+    out = specjax.speculative_generate(target, drafter, prompts, max_new_tokens=12, config=auto)
+    np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
+    assert out.stats["tree"].startswith("branching(")
+    assert out.stats["predicted_tau"] >= 1 and math.isfinite(out.stats["predicted_speedup"])
+    assert list((tmp_path / "acceptance").glob("*.json"))
+    assert len(list((tmp_path / "costs").glob("*.json"))) == 2  # target and drafter costs
+    # With the autoregressive fallback allowed the output is the same either way.
+    out2 = specjax.speculative_generate(
+        target, drafter, prompts, max_new_tokens=12, config=SpecConfig.auto(verbose=False,
+                                                                            max_nodes=8)
+    )  # fmt: skip
+    np.testing.assert_array_equal(np.asarray(out2.tokens), np.asarray(ref.tokens))
+    assert len(list((tmp_path / "costs").glob("*.json"))) == 2  # measured once
