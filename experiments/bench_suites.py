@@ -21,7 +21,7 @@ from specjax.paths import (
     STORIES260K_MDC,
 )
 
-# The trained drafters' tree in the default suites: 31 draft nodes, depth 6, top-8.
+# The trained drafters' fixed tree before SpecConfig.auto(): 31 draft nodes, depth 6, top-8.
 FEATURE_TREE = TreeConfig.dynamic(31, 6, 8)
 
 SUITES = {
@@ -35,11 +35,14 @@ SUITES = {
         datasets=(Dataset.named(TINYSTORIES, 10, 128),),
         methods=(
             Method(kind=AR),
+            # The default call (SpecConfig.auto()) for every drafter, and one fixed tree each
+            # for the two drafter families as they were benchmarked before the default existed.
+            Method(kind=SPEC, drafter=LLAMA2XS, auto=True),
+            Method(kind=SPEC, drafter="self:2", auto=True),
+            Method(kind=SPEC, drafter=STORIES260K_EAGLE, auto=True),
+            Method(kind=SPEC, drafter=STORIES260K_MDC, auto=True),
             Method(kind=SPEC, drafter=LLAMA2XS, tree=TreeConfig.chain(4)),
-            Method(kind=SPEC, drafter=LLAMA2XS, tree=TreeConfig(branching=(4, 1, 1, 1))),
-            Method(kind=SPEC, drafter="self:2", tree=TreeConfig.chain(2)),
             Method(kind=SPEC, drafter=STORIES260K_EAGLE, tree=FEATURE_TREE),
-            Method(kind=SPEC, drafter=STORIES260K_MDC, tree=FEATURE_TREE),
             Method(kind=HF_GENERATE),
             Method(kind=HF_ASSISTED, drafter=LLAMA2XS),
         ),
@@ -49,16 +52,16 @@ SUITES = {
         model=SMOLLM2,
         kind="chat",
         datasets=(Dataset.named("mt_bench", 8, 64),),
-        # Every drafter specjax has for this target: self-drafting with its first 8 of 30 layers
-        # (no smaller model shares its vocabulary in the shared folder) and the two trained
-        # feature drafters. One tree shape each, to keep the whole run under 30 minutes on 2 CPU
-        # cores (experiments/drafters.py compares budgets): the (3,1) tree was faster than a
-        # chain of 3 for self-drafting in smoke runs (the chain: --methods ar self:8@3,3,1 ...).
+        # Every drafter specjax has for this target with the default call (SpecConfig.auto():
+        # the tree chosen from measured costs), self-drafting with its first 8 of 30 layers (no
+        # smaller model shares its vocabulary in the shared folder) and the two trained feature
+        # drafters, plus eagle at the 31-node tree the README recommended before the default.
         methods=(
             Method(kind=AR),
-            Method(kind=SPEC, drafter="self:8", tree=TreeConfig(branching=(3, 1))),
+            Method(kind=SPEC, drafter="self:8", auto=True),
+            Method(kind=SPEC, drafter=SMOLLM2_EAGLE, auto=True),
+            Method(kind=SPEC, drafter=SMOLLM2_MDC, auto=True),
             Method(kind=SPEC, drafter=SMOLLM2_EAGLE, tree=FEATURE_TREE),
-            Method(kind=SPEC, drafter=SMOLLM2_MDC, tree=FEATURE_TREE),
             Method(kind=HF_GENERATE),
             Method(kind=HF_LOOKUP),
         ),

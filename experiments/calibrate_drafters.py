@@ -15,47 +15,8 @@ drafter.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 import time
-from pathlib import Path
-
-
-def card_section(profiles) -> str:
-    """The CARD.md lines: per mode and probe, measured tau and acceptance by depth / rank."""
-    lines = [
-        "## Acceptance profile (acceptance.json)",
-        "",
-        "Measured by `python experiments/calibrate_drafters.py` on held-in prompts "
-        f"({profiles[0].prompts}); SpecConfig.auto() predicts tau for every tree from it. "
-        "Depth d: P(a child at depth d is accepted | its parent was). Rank r: P(the rank-r "
-        "child is accepted | its parent was), over depths.",
-        "",
-        "| mode | probe | row-steps | tau of the probe | by depth 1..8 | by sibling rank 0..3 |",
-        "|---|---|---|---|---|---|",
-    ]
-    for p in profiles:
-        by_depth = " ".join(f"{x:.2f}" for x in p.depth_accept())
-        ranks = []
-        for r in range(min(4, p.topk)):
-            acc = sum(row[r] * cnt[r] for row, cnt in zip(p.rank_accept, p.rank_count, strict=True)
-                      if r < len(row))  # fmt: skip
-            cnt = sum(c[r] for c in p.rank_count if r < len(c))
-            ranks.append(f"{acc / max(cnt, 1):.2f}")
-        probe = ",".join(map(str, p.probe))
-        lines.append(
-            f"| {p.mode} | {p.kind} ({probe}) | {p.steps} | {p.measured_tau:.2f} | {by_depth} "
-            f"| {' '.join(ranks)} |"
-        )
-    return "\n".join(lines) + "\n"
-
-
-def update_card(folder: Path, section: str) -> None:
-    card = folder / "CARD.md"
-    text = card.read_text() if card.exists() else f"# {folder.name}\n"
-    text = re.sub(r"\n## Acceptance profile \(acceptance.json\)\n.*?(?=\n## |\Z)", "", text,
-                  flags=re.S)  # fmt: skip
-    card.write_text(text.rstrip("\n") + "\n\n" + section)
 
 
 def main(argv=None) -> int:
@@ -104,7 +65,6 @@ def main(argv=None) -> int:
             profiles = calibrate_drafter(target.model, drafter, prompts, description=description,
                                          eos_id=eos, progress=say)  # fmt: skip
             write_checkpoint_profiles(folder, profiles)
-            update_card(folder, card_section(profiles))
             taus = ", ".join(f"{p.mode} {p.probe} tau {p.measured_tau:.2f}" for p in profiles)
             say(f"{folder.name}: {time.perf_counter() - t0:.0f}s, {taus}")
         for spec in pairs:

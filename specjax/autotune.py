@@ -36,12 +36,14 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from specjax.benchmark import time_interleaved
 from specjax.cache import init_cache
 from specjax.tree import causal_mask
 
 DEFAULT_NODES = (1, 2, 4, 8, 16, 32, 64)
 DEFAULT_CONTEXT = 256  # committed positions before the measured block
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+AR_TOKENS = 33  # tokens of the timed generate call (autoregressive cost per token)
 STATIC_DRAFT_NODES = (2, 4, 8, 16, 32, 64)
 
 
@@ -55,6 +57,7 @@ class VerifyCosts:
     key: str
     nodes: tuple[int, ...]
     seconds: tuple[float, ...]
+    ar_token: float = 0.0  # seconds per token of specjax.generate at this context (0: unknown)
 
     def t_verify(self, n: int) -> float:
         """Seconds for n nodes: measured points, linear in between, linear extrapolation from the
@@ -74,9 +77,21 @@ class VerifyCosts:
     def to_json(self) -> dict:
         return {"version": FORMAT_VERSION, **dataclasses.asdict(self)}
 
+    @property
+    def t_autoregressive(self) -> float:
+        """Seconds per token of plain decoding: measured, else t(1)."""
+        return self.ar_token or self.t_verify(1)
+
     @classmethod
     def from_json(cls, data: dict) -> VerifyCosts:
-        return cls(key=data["key"], nodes=tuple(data["nodes"]), seconds=tuple(data["seconds"]))
+        if data.get("version") != FORMAT_VERSION:
+            raise ValueError(f"cost file version {data.get('version')}, not {FORMAT_VERSION}")
+        return cls(
+            key=data["key"],
+            nodes=tuple(data["nodes"]),
+            seconds=tuple(data["seconds"]),
+            ar_token=float(data.get("ar_token", 0.0)),
+        )
 
 
 def cost_key(target, *, batch: int, context: int) -> str:
@@ -122,10 +137,11 @@ def measure_verify_costs(
     nodes = tuple(sorted(set(int(n) for n in nodes)))
     if not nodes or nodes[0] < 1:
         raise ValueError(f"nodes must be positive ints, got {nodes}")
-    if context + nodes[-1] > target.config.max_seq_len:
+    if context + max(nodes[-1], AR_TOKENS) > target.config.max_seq_len:
         raise ValueError(
-            f"context {context} + {nodes[-1]} nodes exceeds the model's max_seq_len "
-            f"{target.config.max_seq_len}: lower the context or the largest node count"
+            f"context {context} + max({nodes[-1]} nodes, {AR_TOKENS} decoded tokens) exceeds "
+            f"the model's max_seq_len {target.config.max_seq_len}: lower the context or the "
+            "largest node count"
         )
     graphdef, params = nnx.split(target)
     cache = init_cache(target.config, batch, context + nodes[-1])
@@ -147,8 +163,30 @@ def measure_verify_costs(
         body = functools.partial(forward, n=n)
         init = (cache, jnp.ones((batch,), jnp.int32))
         seconds.append(seconds_per_iteration(body, params, init, reps=reps))
+    if progress is not None:
+        progress("measuring autoregressive decoding")
     key = cost_key(target, batch=batch, context=context)
-    return VerifyCosts(key=key, nodes=nodes, seconds=tuple(seconds))
+    ar = measure_ar_token(target, forward, params, cache, batch=batch, context=context, reps=reps)
+    return VerifyCosts(key=key, nodes=nodes, seconds=tuple(seconds), ar_token=ar)
+
+
+def measure_ar_token(target, forward, params, cache, *, batch, context, reps) -> float:
+    """Seconds per token of specjax.generate itself (its while_loop, sampling and bookkeeping
+    included: for a small model they are a large part of a step): a generate call of AR_TOKENS
+    tokens after `context` prompt tokens, minus its prefill (timed as one forward over the
+    prompt), over the AR_TOKENS - 1 decode steps."""
+    from specjax.decode import generate
+
+    ids = _context_prompts(target, batch, context)
+    run = time_interleaved(
+        {"generate": lambda: generate(target, ids, max_new_tokens=AR_TOKENS)}, max(reps, 3)
+    )["generate"].median
+    empty = cache.replace(lengths=jnp.zeros_like(cache.lengths))
+    prefill = seconds_per_iteration(
+        functools.partial(forward, n=context), params, (empty, jnp.ones((batch,), jnp.int32)),
+        reps=reps,
+    )  # fmt: skip
+    return max(run - prefill, 0.0) / (AR_TOKENS - 1)
 
 
 def seconds_per_iteration(body, params, init, *, reps: int = 5, call_s: float = 0.05) -> float:
@@ -167,7 +205,7 @@ def seconds_per_iteration(body, params, init, *, reps: int = 5, call_s: float = 
     single = time.perf_counter() - t0
     n = int(min(1000, max(1, call_s / max(single, 1e-6))))
     per = []
-    for _ in range(reps):
+    for _ in range(max(1, min(reps, int(3.0 / max(single, 1e-6))))):  # ~3 s at most
         t0 = time.perf_counter()
         jax.block_until_ready(run(params, init, n))
         per.append((time.perf_counter() - t0) / n)

@@ -9,7 +9,9 @@ words of TinyStories training paragraphs.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
+from pathlib import Path
 
 from specjax.acceptance import PROFILE_FILE, AcceptanceProfile, calibrate, write_profiles
 from specjax.config import SamplingConfig
@@ -74,10 +76,48 @@ def calibrate_drafter(
 
 
 def write_checkpoint_profiles(folder, profiles) -> None:
-    """A trained drafter's profiles, next to its weights (read by load_drafter's drafter)."""
-    from pathlib import Path
-
+    """A trained drafter's profiles next to its weights (read by load_drafter's drafter), and
+    their summary in its CARD.md."""
     write_profiles(Path(folder) / PROFILE_FILE, profiles)
+    update_card(Path(folder), card_section(profiles))
+
+
+def card_section(profiles) -> str:
+    """The CARD.md lines: per mode and probe, measured tau and acceptance by depth / rank."""
+    lines = [
+        "## Acceptance profile (acceptance.json)",
+        "",
+        "Measured by `python experiments/calibrate_drafters.py` on held-in prompts "
+        f"({profiles[0].prompts}); SpecConfig.auto() predicts tau for every tree from it. "
+        "Depth d: P(a child at depth d is accepted | its parent was). Rank r: P(the rank-r "
+        "child is accepted | its parent was), over depths.",
+        "",
+        "| mode | probe | row-steps | tau of the probe | by depth 1..8 | by sibling rank 0..3 |",
+        "|---|---|---|---|---|---|",
+    ]
+    for p in profiles:
+        by_depth = " ".join(f"{x:.2f}" for x in p.depth_accept())
+        ranks = []
+        for r in range(min(4, p.topk)):
+            acc = sum(row[r] * cnt[r] for row, cnt in zip(p.rank_accept, p.rank_count, strict=True)
+                      if r < len(row))  # fmt: skip
+            cnt = sum(c[r] for c in p.rank_count if r < len(c))
+            ranks.append(f"{acc / max(cnt, 1):.2f}")
+        probe = ",".join(map(str, p.probe))
+        lines.append(
+            f"| {p.mode} | {p.kind} ({probe}) | {p.steps} | {p.measured_tau:.2f} | {by_depth} "
+            f"| {' '.join(ranks)} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def update_card(folder: Path, section: str) -> None:
+    """Replace (or add) the acceptance-profile section of folder/CARD.md."""
+    card = folder / "CARD.md"
+    text = card.read_text() if card.exists() else f"# {folder.name}\n"
+    text = re.sub(r"\n## Acceptance profile \(acceptance.json\)\n.*?(?=\n## |\Z)", "", text,
+                  flags=re.S)  # fmt: skip
+    card.write_text(text.rstrip("\n") + "\n\n" + section)
 
 
 def ensure_pair_profiles(target, drafter, prompts, *, description: str, eos_id=None) -> None:

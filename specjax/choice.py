@@ -8,7 +8,7 @@ nothing was calibrated before) kept in the cost cache. The costs come from specj
 (measured once per backend, device kind, model, batch and dtype). Every tree within the
 profile's probe is a candidate: static branchings for draft models and self-drafting,
 (budget, depth, top-k) for feature drafters. The predicted speedup is against autoregressive
-decoding, whose cost per token is taken as t_verify(1).
+decoding, whose cost per token is measured with specjax.generate (VerifyCosts.ar_token).
 """
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ def choose(
     to beat autoregressive decoding and allow_autoregressive, the choice is plain decoding
     (config None)."""
     best, count = None, 0
-    t_ar = verify.t_verify(1)
+    t_ar = verify.t_autoregressive
     for profile in profiles:
         for tree in candidate_trees(profile, max_nodes):
             if rule in ("chain", "hsd") and not tree.is_chain:
@@ -239,6 +239,15 @@ def find_profiles(
     return found
 
 
+def cost_context(target, auto: AutoSpecConfig) -> int:
+    """The context costs are measured at: auto.context, or less where the model's max_seq_len
+    leaves no room for the largest tree after it."""
+    from specjax.autotune import AR_TOKENS
+
+    largest = max(auto.max_nodes, AR_TOKENS)
+    return max(1, min(auto.context, target.config.max_seq_len - largest - 16))
+
+
 def resolve_auto(
     target,
     drafter,
@@ -260,8 +269,9 @@ def resolve_auto(
     profiles = find_profiles(target, drafter, prompts, sampling=sampling, eos_id=eos_id,
                              max_nodes=auto.max_nodes, progress=progress)  # fmt: skip
     # Costs at a representative context that leaves the model room for the largest tree.
-    context = max(1, min(auto.context, target.config.max_seq_len - auto.max_nodes - 16))
-    grid = sorted({n for n in (1, 2, 4, 8, 16, 32, 64) if n < auto.max_nodes} | {auto.max_nodes})
+    max_nodes = max(2, min(auto.max_nodes, auto.max_batch_nodes // batch))
+    context = cost_context(target, auto)
+    grid = sorted({n for n in (1, 2, 4, 8, 16, 32, 64) if n < max_nodes} | {max_nodes})
     verify = verify_costs(target, batch=batch, context=context, nodes=grid, progress=progress)
     if drafter.dynamic_trees:
         extra = {"topks": tuple(sorted({p.topk for p in profiles}))}
@@ -270,7 +280,7 @@ def resolve_auto(
     draft = draft_costs(target, drafter, verify, batch=batch, context=context,
                         progress=progress, **extra)  # fmt: skip
     choice = choose(
-        profiles, verify, draft, max_nodes=auto.max_nodes, room=room, rule=auto.rule,
+        profiles, verify, draft, max_nodes=max_nodes, room=room, rule=auto.rule,
         attn_impl=auto.attn_impl, allow_autoregressive=auto.allow_autoregressive,
     )  # fmt: skip
     if progress is not None:

@@ -235,7 +235,8 @@ class SpecConfig:
 class AutoSpecConfig:
     """Choose the draft tree per call (specjax.choice): of every tree within the drafter's
     acceptance profile with at most max_nodes nodes, the one with the highest predicted tokens
-    per second on this backend. Costs are measured at `context` committed tokens once per
+    per second on this backend; with B rows, at most max_batch_nodes / B nodes (a step
+    verifies B x N tokens). Costs are measured at `context` committed tokens once per
     backend, device kind, model, batch and dtype and kept on disk (specjax.autotune).
     verbose: progress lines and the choice on stderr. allow_autoregressive: when no tree is
     predicted to beat plain decoding, decode autoregressively (the same output distribution;
@@ -244,6 +245,7 @@ class AutoSpecConfig:
     rule: str = "auto"
     attn_impl: str = "auto"
     max_nodes: int = 64
+    max_batch_nodes: int = 2048
     context: int = 256
     verbose: bool = True
     allow_autoregressive: bool = True

@@ -20,3 +20,18 @@ def require(path: Path) -> Path:
     if not Path(path).exists():
         pytest.skip(f"{path} missing")
     return Path(path)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def private_cost_cache(tmp_path_factory):
+    """Measured costs and calibrated profiles (SpecConfig.auto()) go to a folder of this test
+    session: tests never read or fill the user's cache."""
+    import os
+
+    old = os.environ.get("SPECJAX_CACHE")
+    os.environ["SPECJAX_CACHE"] = str(tmp_path_factory.mktemp("specjax-cache"))
+    yield
+    if old is None:
+        os.environ.pop("SPECJAX_CACHE", None)
+    else:
+        os.environ["SPECJAX_CACHE"] = old

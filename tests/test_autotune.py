@@ -34,7 +34,8 @@ def test_costs_are_measured_once_then_read_from_disk(tiny_target, tmp_path):
     )
     assert first.nodes == (1, 4) and len(first.seconds) == 2
     assert all(s > 0 for s in first.seconds)
-    assert len(lines) == 2 and "4 node(s)" in lines[1]
+    assert len(lines) == 3 and "4 node(s)" in lines[1] and "autoregressive" in lines[2]
+    assert first.ar_token > 0
     files = list((tmp_path / "costs").glob("*.json"))
     assert len(files) == 1
     assert json.loads(files[0].read_text())["key"] == first.key
@@ -49,7 +50,7 @@ def test_costs_are_measured_once_then_read_from_disk(tiny_target, tmp_path):
     other = autotune.verify_costs(
         tiny_target, context=16, nodes=(1, 2), reps=1, folder=tmp_path, progress=lines.append
     )
-    assert other.nodes == (1, 2) and len(lines) == 2
+    assert other.nodes == (1, 2) and len(lines) == 3
     batch2 = autotune.verify_costs(
         tiny_target, batch=2, context=16, nodes=(1,), reps=1, folder=tmp_path, progress=None
     )

@@ -12,7 +12,8 @@ from flax import nnx
 
 import specjax
 from specjax import bench
-from specjax.config import TINY, TreeConfig
+from specjax.autotune import VerifyCosts
+from specjax.config import TINY, AutoSpecConfig, TreeConfig
 from specjax.paths import LLAMA2XS, STORIES260K
 
 
@@ -83,6 +84,9 @@ def test_parse_method():
     hsd = bench.parse_method(f"{LLAMA2XS}@4,4,1@hsd")
     assert hsd.tree == TreeConfig.chain(4) and hsd.name == "llama2xs-279K chain 4, hsd"
     assert bench.parse_method("self:2").tree == TreeConfig.chain(4)
+    auto = bench.parse_method("self:2@auto")
+    assert auto.auto and auto.name == "self-draft 2L auto" and auto.draft_nodes == "auto"
+    assert isinstance(auto.config, AutoSpecConfig)
     assert bench.parse_method("hf-pld:5").lookup_tokens == 5
     assert bench.parse_method("hf-assisted:x/model.bin").kind == bench.HF_ASSISTED
     assert bench.parse_method("ar").kind == bench.AR
@@ -129,6 +133,18 @@ def test_bench_tiny_model_table_and_plots(tiny_target, tmp_path):
     assert all(p.stat().st_size > 0 for p in plots)
     bench.write_json(rows, {"x": 1}, tmp_path / "bench.json")
     assert len(json.loads((tmp_path / "bench.json").read_text())["rows"]) == 4
+
+    # SpecConfig.auto() rows get a predicted-vs-measured section, costs a t(N) table and plot.
+    auto_row = dataclasses.replace(
+        rows[1], chosen_tree="dynamic(3,2,4)", predicted_tau=2.0, predicted_speedup=1.5
+    )
+    costs = {"tiny": VerifyCosts(key="k", nodes=(1, 8), seconds=(0.001, 0.002))}
+    bench.write_markdown([rows[0], auto_row], "header", out, costs=costs)
+    text = out.read_text()
+    assert "## Predicted vs measured" in text and "dynamic(3,2,4)" in text
+    assert "| tiny | 1.00 (1.00x) | 2.00 (2.00x) |" in text
+    plots = bench.write_plots([rows[0], auto_row], tmp_path / "auto", costs=costs)
+    assert {"auto_predicted.png", "auto_tverify.png"} <= {p.name for p in plots}
 
 
 def test_explain_mismatch_points_at_the_first_difference(tiny_target):

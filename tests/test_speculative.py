@@ -64,7 +64,9 @@ def test_eos_and_lengths_match_generate(tiny_pair):
     ref = specjax.generate(target, RAGGED, max_new_tokens=16)
     eos = int(ref.tokens[1, 5])
     ref = specjax.generate(target, RAGGED, max_new_tokens=16, eos_id=eos)
-    out = specjax.speculative_generate(target, drafter, RAGGED, max_new_tokens=16, eos_id=eos)
+    out = specjax.speculative_generate(
+        target, drafter, RAGGED, max_new_tokens=16, eos_id=eos, config=SpecConfig()
+    )
     np.testing.assert_array_equal(np.asarray(out.lengths), np.asarray(ref.lengths))
     np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
     assert_stats_consistent(out, SpecConfig().tree.max_depth + 1)
@@ -146,7 +148,7 @@ def test_prompt_too_long_counts_draft_slots():
     target = specjax.Llama(TINY, rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match="draft slots"):
         specjax.speculative_generate(
-            target, LMDrafter.self_draft(1), [[1] * 105], max_new_tokens=20
+            target, LMDrafter.self_draft(1), [[1] * 105], max_new_tokens=20, config=SpecConfig()
         )
 
 
@@ -219,8 +221,9 @@ def test_greedy_equals_generate_smollm2_self_draft(shared_dir):
     for prompt in prompts:
         ref = specjax.generate(loaded.model, [prompt], max_new_tokens=64, eos_id=tok.eos_id)
         out = specjax.speculative_generate(
-            loaded.model, drafter, [prompt], max_new_tokens=64, eos_id=tok.eos_id
-        )
+            loaded.model, drafter, [prompt], max_new_tokens=64, eos_id=tok.eos_id,
+            config=SpecConfig(),
+        )  # fmt: skip
         np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
 
 

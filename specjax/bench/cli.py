@@ -206,12 +206,13 @@ def run_from_args(args, *, command: str, suites: Mapping[str, Suite] | None = No
         out = out.with_name(f"{out.stem}_quick{out.suffix}")
     out.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    rows, described = run_suites(selected, temperatures=temperatures, reps=reps, hf=hf)
+    costs: dict = {}
+    rows, described = run_suites(selected, temperatures=temperatures, reps=reps, hf=hf, costs=costs)
     settings = {**settings, "prompts": "; ".join(described)}
     settings["wall time"] = f"{(time.perf_counter() - t0) / 60:.1f} min for the whole run"
     header = device_header(**settings)
-    write_markdown(rows, header, out)
-    plots = write_plots(rows, out.with_suffix(""))
+    write_markdown(rows, header, out, costs=costs)
+    plots = write_plots(rows, out.with_suffix(""), costs=costs)
     write_json(rows, {"header": header, **settings}, out.with_suffix(".json"))
     print(out.read_text())
     print(f"[bench] wrote {out}, {out.with_suffix('.json')}" + "".join(f", {p}" for p in plots))

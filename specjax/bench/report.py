@@ -81,8 +81,10 @@ def write_markdown(
     path: str | Path,
     notes: Sequence[str] = (),
     title: str = BENCH_TITLE,
+    costs: dict | None = None,
 ):
-    """The results table with its header, definitions and the explanation of every mismatch."""
+    """The results table with its header, definitions and the explanation of every mismatch;
+    costs (target name -> specjax.autotune.VerifyCosts): a table of the measured t(N)."""
     lines = [
         f"# {title}",
         "",
@@ -106,6 +108,25 @@ def write_markdown(
         "ratios, not absolute speed.",
         "",
     ]
+    if costs:
+        lines += cost_table(costs)
+    predicted = [r for r in rows if not math.isnan(r.predicted_speedup)]
+    if predicted:
+        lines += [
+            "## Predicted vs measured (SpecConfig.auto() rows)",
+            "",
+            "| target | dataset | T | method | chosen tree | tau predicted / measured | "
+            "speedup predicted / measured | speedup error |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for r in predicted:
+            err = r.predicted_speedup / r.speedup - 1
+            lines.append(
+                f"| {r.target} | {r.dataset} | {r.temperature:g} | {r.method} | {r.chosen_tree} "
+                f"| {r.predicted_tau:.2f} / {r.tau:.2f} | {r.predicted_speedup:.2f}x / "
+                f"{r.speedup:.2f}x | {err:+.0%} |"
+            )
+        lines.append("")
     mismatches = [(r, m) for r in rows for m in r.mismatches]
     lines.append("## Greedy mismatches")
     lines.append("")
@@ -118,6 +139,24 @@ def write_markdown(
     Path(path).write_text("\n".join(lines) + "\n")
 
 
+def cost_table(costs: dict) -> list[str]:
+    """Markdown lines: each target's t(N) in ms and relative to t(1)."""
+    nodes = sorted({n for c in costs.values() for n in c.nodes})
+    lines = [
+        "## Target cost per verification, t(N) (specjax.autotune, batch 1)",
+        "",
+        "What SpecConfig.auto() chose from: one target forward over N tree nodes at "
+        "the context it measures at, ms (and / t(1)); see the _tverify plot.",
+        "",
+        "| target | " + " | ".join(f"N={n}" for n in nodes) + " |",
+        "|---|" + "---|" * len(nodes),
+    ]
+    for name, c in costs.items():
+        cells = [f"{c.t_verify(n) * 1e3:.2f} ({c.relative(n):.2f}x)" for n in nodes]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return [*lines, ""]
+
+
 def _groups(rows: Sequence[Row]) -> dict[tuple, list[Row]]:
     groups: dict[tuple, list[Row]] = {}
     for r in rows:
@@ -125,11 +164,12 @@ def _groups(rows: Sequence[Row]) -> dict[tuple, list[Row]]:
     return groups
 
 
-def write_plots(rows: Sequence[Row], stem: str | Path) -> list[Path]:
+def write_plots(rows: Sequence[Row], stem: str | Path, costs: dict | None = None) -> list[Path]:
     """Three figures next to the table: {stem}_tau.png (tau per method), {stem}_speedup.png
     (speedup over specjax AR, min-max bars) and {stem}_accepted.png (fraction of target calls
-    that accepted n draft tokens, per speculative specjax method). Returns the paths written
-    (none when matplotlib is missing)."""
+    that accepted n draft tokens, per speculative specjax method); with SpecConfig.auto() rows
+    {stem}_predicted.png (predicted vs measured speedup); with costs {stem}_tverify.png (each
+    target's t(N) / t(1)). Returns the paths written (none when matplotlib is missing)."""
     try:
         import matplotlib
 
@@ -190,6 +230,34 @@ def write_plots(rows: Sequence[Row], stem: str | Path) -> list[Path]:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     paths.append(path)
+    predicted = [r for r in rows if not math.isnan(r.predicted_speedup)]
+    if predicted:
+        fig, ax = plt.subplots(figsize=(4.6, 4.2))
+        for r in predicted:
+            lo, hi = r.speedup_range
+            ax.errorbar(r.predicted_speedup, r.speedup, yerr=[[r.speedup - lo], [hi - r.speedup]],
+                        fmt="o", label=f"{r.target} T={r.temperature:g} {r.method}")  # fmt: skip
+        top = max(max(r.predicted_speedup, r.speedup_range[1]) for r in predicted) * 1.1
+        ax.plot([0, top], [0, top], "k--", lw=0.8)
+        ax.set_xlabel("predicted speedup (SpecConfig.auto())")
+        ax.set_ylabel("measured speedup vs specjax AR")
+        ax.legend(fontsize=5)
+        fig.tight_layout()
+        paths.append(stem.with_name(f"{stem.name}_predicted.png"))
+        fig.savefig(paths[-1], dpi=110)
+        plt.close(fig)
+    if costs:
+        fig, ax = plt.subplots(figsize=(4.6, 3.8))
+        for name, c in costs.items():
+            ax.plot(c.nodes, [c.relative(n) for n in c.nodes], "o-", label=name)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("tree nodes N verified in one target call")
+        ax.set_ylabel("t(N) / t(1)")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        paths.append(stem.with_name(f"{stem.name}_tverify.png"))
+        fig.savefig(paths[-1], dpi=110)
+        plt.close(fig)
     return paths
 
 

@@ -48,8 +48,11 @@ def run_suites(
     reps: int = 3,
     hf: bool = True,
     log: Callable[[str], None] = print,
+    costs: dict | None = None,
 ) -> tuple[list[Row], list[str]]:
-    """Run each suite; returns (rows, one description line per target and prompt set)."""
+    """Run each suite; returns (rows, one description line per target and prompt set). When
+    `costs` is a dict it receives each target's measured t_verify(N) (specjax.autotune, batch 1:
+    the cost curve SpecConfig.auto() chose from; read from the cache when measured before)."""
     rows, described = [], []
     for suite in suites:
         t0 = time.perf_counter()
@@ -66,6 +69,13 @@ def run_suites(
             target, prompt_sets, suite.methods, temperatures=temperatures, reps=reps, hf=hf,
             log=log, calibration_kind=suite.kind,
         )  # fmt: skip
+        if costs is not None:
+            from specjax.autotune import verify_costs
+            from specjax.choice import cost_context
+            from specjax.config import AutoSpecConfig
+
+            context = cost_context(target.model, AutoSpecConfig())
+            costs[suite.name] = verify_costs(target.model, context=context)
         jax.clear_caches()  # many compiled programs per suite: keep one process within memory
     return rows, described
 

@@ -187,7 +187,12 @@ def train_drafter(
         "total wall time": f"{(time.perf_counter() - t_start) / 60:.1f} min",
     }
     write_card(out_dir, card)
-    log(f"[train-drafter] tau {greedy['tau']:.2f}; card written")
+    log(f"[train-drafter] tau {greedy['tau']:.2f}; card written; calibrating acceptance")
+    from specjax.calibration import calibrate_drafter, held_in_prompts, write_checkpoint_profiles
+
+    calib, description = held_in_prompts(recipe.data_kind, loaded.tokenizer)
+    profiles = calibrate_drafter(target, drafter, calib, description=description, eos_id=eos)
+    write_checkpoint_profiles(out_dir, profiles)
     return Path(out_dir)
 
 
