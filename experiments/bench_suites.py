@@ -41,6 +41,8 @@ SUITES = {
             Method(kind=SPEC, drafter="self:2", auto=True),
             Method(kind=SPEC, drafter=STORIES260K_EAGLE, auto=True),
             Method(kind=SPEC, drafter=STORIES260K_MDC, auto=True),
+            # What the default would run if it had to speculate (checks its predictions).
+            Method(kind=SPEC, drafter=STORIES260K_EAGLE, auto=True, auto_fallback=False),
             Method(kind=SPEC, drafter=LLAMA2XS, tree=TreeConfig.chain(4)),
             Method(kind=SPEC, drafter=STORIES260K_EAGLE, tree=FEATURE_TREE),
             Method(kind=HF_GENERATE),
@@ -61,6 +63,8 @@ SUITES = {
             Method(kind=SPEC, drafter="self:8", auto=True),
             Method(kind=SPEC, drafter=SMOLLM2_EAGLE, auto=True),
             Method(kind=SPEC, drafter=SMOLLM2_MDC, auto=True),
+            Method(kind=SPEC, drafter=SMOLLM2_EAGLE, auto=True, auto_fallback=False),
+            Method(kind=SPEC, drafter=SMOLLM2_MDC, auto=True, auto_fallback=False),
             Method(kind=SPEC, drafter=SMOLLM2_EAGLE, tree=FEATURE_TREE),
             Method(kind=HF_GENERATE),
             Method(kind=HF_LOOKUP),

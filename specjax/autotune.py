@@ -328,7 +328,7 @@ def _time_propose(target, drafter, config, *, batch, context, reps, with_step=Fa
     speculative state prefilled with `context` tokens, each timed in a loop of its own."""
     from specjax.config import SamplingConfig
     from specjax.drafters.base import RootContext
-    from specjax.speculative import SpeculativeLoop, SteppedRun
+    from specjax.speculative import SteppedRun
 
     sampling = SamplingConfig()
     run = SteppedRun(
@@ -353,18 +353,102 @@ def _time_propose(target, drafter, config, *, batch, context, reps, with_step=Fa
     if not with_step:
         return t_propose, None
 
+    return t_propose, seconds_per_iteration(*_step_body(run, config), reps=reps)
+
+
+def _step_body(run, config):
+    """(body, params, state): one whole step of a SteppedRun as a loop body (a step keeps
+    computing for rows that finished, so its cost stays that of a live step)."""
+    from specjax.config import SamplingConfig
+    from specjax.speculative import SpeculativeLoop
+
+    target_def, target_params, drafter_def, drafter_params, verifier_def, verifier_params = (
+        run._parts
+    )
+
     def step(params, state):
         loop = SpeculativeLoop(
             target=nnx.merge(target_def, params[0]),
             drafter=nnx.merge(drafter_def, params[1]),
             verifier=nnx.merge(verifier_def, params[2]),
             config=config,
-            sampling=sampling,
-            max_new_tokens=4,
+            sampling=SamplingConfig(),
+            max_new_tokens=run._static["max_new_tokens"],
         )
         return loop.step(state)
 
-    return t_propose, seconds_per_iteration(step, params, state, reps=reps)
+    return step, (target_params, drafter_params, verifier_params), run.state
+
+
+def measure_step_costs(
+    target,
+    drafter,
+    trees: Sequence,
+    *,
+    batch: int = 1,
+    context: int = DEFAULT_CONTEXT,
+    rounds: int = 5,
+    call_s: float = 0.2,
+    progress: Callable[[str], None] | None = None,
+) -> tuple[float, tuple[float, ...]]:
+    """(seconds per autoregressive token, seconds of one whole speculative step per tree),
+    measured in the same interleaved rounds: a CPU's speed drifts by tens of percent within
+    minutes, so the ratios that decide the choice are taken under the same conditions. Each
+    tree's step runs in a jitted loop sized to ~call_s; plain decoding is a generate call of
+    AR_TOKENS tokens minus its prefill."""
+    from specjax.config import SamplingConfig, SpecConfig
+    from specjax.decode import generate
+    from specjax.speculative import SteppedRun
+
+    prompts = _context_prompts(target, batch, context)
+    loops = []
+    for i, tree in enumerate(trees):
+        if progress is not None:
+            progress(f"timing candidate steps: {i + 1}/{len(trees)}")
+        config = SpecConfig(tree=tree)
+        run = SteppedRun(target, drafter, prompts, max_new_tokens=4, config=config,
+                         sampling=SamplingConfig(), key=jax.random.key(0))  # fmt: skip
+        body, params, state = _step_body(run, config)
+
+        def loop(params, init, n, body=body):
+            return jax.lax.fori_loop(0, n, lambda i, c: body(params, c), init)
+
+        fn = jax.jit(loop)
+        jax.block_until_ready(fn(params, state, 1))
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn(params, state, 1))
+        n = int(min(1000, max(1, call_s / max(time.perf_counter() - t0, 1e-6))))
+        loops.append((fn, params, state, n))
+
+    graphdef, params = nnx.split(target)
+    cache = init_cache(target.config, batch, context + 1)
+
+    def forward(params, carry, n):
+        cache, token = carry
+        model = nnx.merge(graphdef, params)
+        tokens = jnp.ones((batch, n), jnp.int32).at[:, 0].set(token)
+        positions = jnp.arange(n, dtype=jnp.int32)[None, :] + cache.lengths[:, None]
+        out = model(tokens, positions=positions, cache=cache, tree_mask=causal_mask(batch, n))
+        token = jnp.argmax(out.logits[:, -1], axis=-1).astype(jnp.int32)
+        return out.cache.replace(lengths=cache.lengths), token
+
+    prefill = seconds_per_iteration(
+        functools.partial(forward, n=context), params, (cache, jnp.ones((batch,), jnp.int32))
+    )
+    ar = lambda: generate(target, prompts, max_new_tokens=AR_TOKENS)  # noqa: E731
+    jax.block_until_ready(ar())
+    ar_times, step_times = [], [[] for _ in loops]
+    for r in range(rounds):
+        if progress is not None:
+            progress(f"timing candidate steps against plain decoding: round {r + 1}/{rounds}")
+        t0 = time.perf_counter()
+        jax.block_until_ready(ar())
+        ar_times.append((time.perf_counter() - t0 - prefill) / (AR_TOKENS - 1))
+        for times, (fn, params, state, n) in zip(step_times, loops, strict=True):
+            t0 = time.perf_counter()
+            jax.block_until_ready(fn(params, state, n))
+            times.append((time.perf_counter() - t0) / n)
+    return float(np.median(ar_times)), tuple(float(np.median(t)) for t in step_times)
 
 
 def measure_draft_costs(
@@ -454,3 +538,35 @@ def draft_costs(
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(costs.to_json(), indent=2) + "\n")
     return costs
+
+
+def step_costs(
+    target,
+    drafter,
+    trees: Sequence,
+    *,
+    batch: int = 1,
+    context: int = DEFAULT_CONTEXT,
+    folder: str | Path | None = None,
+    refresh: bool = False,
+    progress: Callable[[str], None] | None = _print_progress,
+) -> tuple[float, tuple[float, ...]]:
+    """measure_step_costs, kept on disk per drafter, batch, context and tree list."""
+    folder = Path(folder) if folder is not None else cache_dir()
+    labels = [repr(t) for t in trees]
+    key = drafter_key(target, drafter, batch=batch, context=context) + "|" + ";".join(labels)
+    path = _cache_file(key, folder, "steps")
+    if path.exists() and not refresh:
+        try:
+            data = json.loads(path.read_text())
+            if data["key"] == key and data["version"] == FORMAT_VERSION:
+                return float(data["ar_token"]), tuple(float(x) for x in data["seconds"])
+        except (ValueError, KeyError, TypeError):
+            pass
+    ar, seconds = measure_step_costs(
+        target, drafter, trees, batch=batch, context=context, progress=progress
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = {"version": FORMAT_VERSION, "key": key, "ar_token": ar, "seconds": list(seconds)}
+    path.write_text(json.dumps(data, indent=2) + "\n")
+    return ar, seconds

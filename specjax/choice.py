@@ -35,6 +35,7 @@ from specjax.autotune import (
     cache_dir,
     draft_costs,
     drafter_key,
+    step_costs,
     verify_costs,
 )
 from specjax.cache import tree_reserve
@@ -52,6 +53,7 @@ CALIBRATION_TOKENS = 48
 # Choices made in this process, by (target, drafter, batch, mode, room, AutoSpecConfig): a
 # repeated call skips the fingerprints and file reads.
 _CHOSEN: dict[tuple, tuple] = {}
+_ANNOUNCED: set[tuple] = set()
 
 
 def _say(message: str) -> None:
@@ -117,6 +119,37 @@ def candidate_trees(profile: AcceptanceProfile, max_nodes: int) -> Iterator[Tree
                 yield tree
 
 
+def rank(
+    profiles: Sequence[AcceptanceProfile],
+    verify: VerifyCosts,
+    draft: DraftCosts,
+    *,
+    max_nodes: int = 64,
+    room: int | None = None,
+    rule: str = "auto",
+) -> list[tuple[float, TreeConfig, float, float]]:
+    """Every candidate tree as (predicted tokens per second, tree, predicted tau, predicted
+    seconds per step), best first (module docstring). room: the cache slots a step may use
+    past a row's length (None: no limit)."""
+    ranked = []
+    for profile in profiles:
+        for tree in candidate_trees(profile, max_nodes):
+            if rule in ("chain", "hsd") and not tree.is_chain:
+                continue
+            if draft.kind == "dynamic" and tree.topk not in draft.topk:
+                continue
+            if room is not None and max(tree.num_nodes, tree.max_depth + 1) > room:
+                continue
+            tau = profile.predict_tau(tree)
+            seconds = verify.t_verify(tree.num_nodes) + draft.t_draft(tree) + draft.overhead
+            ranked.append((tau / seconds, tree, tau, seconds))
+    if not ranked:
+        raise ValueError("no candidate tree: the acceptance profiles cover no tree that fits")
+    # Stable: among equal rates the first candidate (smaller depth, fewer nodes) wins.
+    order = sorted(range(len(ranked)), key=lambda i: -ranked[i][0])
+    return [ranked[i] for i in order]
+
+
 def choose(
     profiles: Sequence[AcceptanceProfile],
     verify: VerifyCosts,
@@ -127,30 +160,24 @@ def choose(
     rule: str = "auto",
     attn_impl: str = "auto",
     allow_autoregressive: bool = True,
+    measured: tuple[float, dict] | None = None,
 ) -> Choice:
-    """The candidate tree of highest predicted tokens per second (module docstring). room: the
-    cache slots a step may use past a row's length (None: no limit). When no tree is predicted
-    to beat autoregressive decoding and allow_autoregressive, the choice is plain decoding
-    (config None)."""
-    best, count = None, 0
+    """The candidate of highest predicted tokens per second (see rank). measured: (seconds per
+    autoregressive token, {tree: measured seconds per step}) from measure_step_costs: those
+    trees are then compared on their measured steps (and plain decoding on its measured
+    cost) instead of the model's. When no tree is predicted to beat autoregressive decoding
+    and allow_autoregressive, the choice is plain decoding (config None)."""
+    ranked = rank(profiles, verify, draft, max_nodes=max_nodes, room=room, rule=rule)
     t_ar = verify.t_autoregressive
-    for profile in profiles:
-        for tree in candidate_trees(profile, max_nodes):
-            if rule in ("chain", "hsd") and not tree.is_chain:
-                continue
-            if draft.kind == "dynamic" and tree.topk not in draft.topk:
-                continue
-            if room is not None and max(tree.num_nodes, tree.max_depth + 1) > room:
-                continue
-            count += 1
-            tau = profile.predict_tau(tree)
-            seconds = verify.t_verify(tree.num_nodes) + draft.t_draft(tree) + draft.overhead
-            rate = tau / seconds
-            if best is None or rate > best[0] * (1 + 1e-9):
-                best = (rate, tree, tau, seconds)
-    if best is None:
-        raise ValueError("no candidate tree: the acceptance profiles cover no tree that fits")
-    rate, tree, tau, seconds = best
+    if measured is not None:
+        t_ar, steps = measured
+        ranked = sorted(
+            ((tau / steps[tree], tree, tau, steps[tree]) for _, tree, tau, _ in ranked
+             if tree in steps),
+            key=lambda r: -r[0],
+        )  # fmt: skip
+    rate, tree, tau, seconds = ranked[0]
+    count = len(ranked) if measured is None else len(measured[1])
     if allow_autoregressive and rate * t_ar < 1.0:
         return Choice(None, 1.0, float(t_ar), float(t_ar), count)
     config = SpecConfig(tree=tree, rule=rule, attn_impl=attn_impl)
@@ -279,11 +306,28 @@ def resolve_auto(
         extra = {"nodes": tuple(n for n in grid if n >= 2) or (2,)}
     draft = draft_costs(target, drafter, verify, batch=batch, context=context,
                         progress=progress, **extra)  # fmt: skip
+    # The model ranks every tree; the best few are then timed as whole steps, interleaved with
+    # plain decoding, and compared on those measurements.
+    ranked = rank(profiles, verify, draft, max_nodes=max_nodes, room=room, rule=auto.rule)
+    top = []
+    for _, tree, _, _ in ranked:
+        if len(top) >= auto.timed_candidates:
+            break
+        if tree not in top:
+            top.append(tree)
+    measured = None
+    if top:
+        ar, seconds = step_costs(target, drafter, top, batch=batch, context=context,
+                                 progress=progress)  # fmt: skip
+        measured = (ar, dict(zip(top, seconds, strict=True)))
     choice = choose(
         profiles, verify, draft, max_nodes=max_nodes, room=room, rule=auto.rule,
         attn_impl=auto.attn_impl, allow_autoregressive=auto.allow_autoregressive,
+        measured=measured,
     )  # fmt: skip
-    if progress is not None:
+    announced = (id(target), id(drafter), batch, mode, choice.tree_label())
+    if progress is not None and announced not in _ANNOUNCED:  # once, not per prompt width
         progress(choice.describe())
+        _ANNOUNCED.add(announced)
     _CHOSEN[memo_key] = (choice, target, drafter)  # holding them keeps their ids unique
     return choice

@@ -240,7 +240,9 @@ class AutoSpecConfig:
     backend, device kind, model, batch and dtype and kept on disk (specjax.autotune).
     verbose: progress lines and the choice on stderr. allow_autoregressive: when no tree is
     predicted to beat plain decoding, decode autoregressively (the same output distribution;
-    stats tree "autoregressive"). rule / attn_impl as in SpecConfig."""
+    stats tree "autoregressive"). timed_candidates: how many of the best predicted trees are
+    then timed as whole steps against plain decoding (interleaved, once per machine; 0: trust
+    the model alone). rule / attn_impl as in SpecConfig."""
 
     rule: str = "auto"
     attn_impl: str = "auto"
@@ -249,6 +251,7 @@ class AutoSpecConfig:
     context: int = 256
     verbose: bool = True
     allow_autoregressive: bool = True
+    timed_candidates: int = 4
 
     def __post_init__(self):
         if self.rule not in RULES:
@@ -257,3 +260,5 @@ class AutoSpecConfig:
             raise ValueError(f"max_nodes must be >= 1, got {self.max_nodes}")
         if self.context < 1:
             raise ValueError(f"context must be >= 1, got {self.context}")
+        if self.timed_candidates < 0:
+            raise ValueError(f"timed_candidates must be >= 0, got {self.timed_candidates}")

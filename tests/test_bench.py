@@ -86,7 +86,9 @@ def test_parse_method():
     assert bench.parse_method("self:2").tree == TreeConfig.chain(4)
     auto = bench.parse_method("self:2@auto")
     assert auto.auto and auto.name == "self-draft 2L auto" and auto.draft_nodes == "auto"
-    assert isinstance(auto.config, AutoSpecConfig)
+    assert isinstance(auto.config, AutoSpecConfig) and auto.config.allow_autoregressive
+    forced = bench.parse_method("self:2@auto-tree")
+    assert forced.name == "self-draft 2L auto-tree" and not forced.config.allow_autoregressive
     assert bench.parse_method("hf-pld:5").lookup_tokens == 5
     assert bench.parse_method("hf-assisted:x/model.bin").kind == bench.HF_ASSISTED
     assert bench.parse_method("ar").kind == bench.AR

@@ -109,6 +109,22 @@ def test_choice_follows_the_cost_curve():
     assert max(small.config.tree.num_nodes, small.config.tree.max_depth + 1) <= 3
 
 
+def test_measured_steps_override_the_model():
+    profile = flat_profile()
+    draft = DraftCosts(key="d", kind="dynamic", topk=(4,), deep_depth=4,
+                       shallow=(0.01,), deep=(0.04,))  # fmt: skip
+    flat = VerifyCosts(key="v", nodes=(1, 16), seconds=(1.0, 1.0))
+    model_best = choose([profile], flat, draft).config.tree
+    small = TreeConfig.dynamic(1, 1, 4)
+    # Measured: the model's favourite is slow here, the small tree fast.
+    measured = (1.0, {model_best: 10.0, small: 1.0})
+    c = choose([profile], flat, draft, measured=measured)
+    assert c.config.tree == small and c.candidates == 2
+    assert c.predicted_speedup == pytest.approx(profile.predict_tau(small) / 1.0)
+    # Plain decoding measured faster than every timed step: fall back.
+    assert choose([profile], flat, draft, measured=(0.1, {small: 1.0})).config is None
+
+
 def test_choice_falls_back_to_autoregressive_when_no_tree_pays():
     profile = flat_profile(gain=0.1)
     draft = DraftCosts(key="d", kind="dynamic", topk=(4,), deep_depth=4,
@@ -131,6 +147,44 @@ def test_static_probe_narrows_to_max_nodes():
     assert TreeConfig(branching=(2, 1)) in trees and TreeConfig.chain(1) in trees
 
 
+def test_default_call_reads_kept_costs_and_profiles(tmp_path, monkeypatch):
+    """With costs and a profile already on disk, the default call measures nothing, runs the
+    tree the kept numbers favour, reports it and gives generate's greedy tokens."""
+    import json
+
+    from specjax import autotune
+    from specjax.acceptance import write_profiles
+    from specjax.choice import cost_context, pair_profile_file
+
+    monkeypatch.setenv("SPECJAX_CACHE", str(tmp_path))
+    target = specjax.Llama(TINY, rngs=nnx.Rngs(0))
+    drafter = LMDrafter.self_draft(1)
+    auto = AutoSpecConfig(max_nodes=4, verbose=False, timed_candidates=0)
+    context = cost_context(target, auto)
+    write_profiles(pair_profile_file(target, drafter, "greedy"), [static_profile()])
+    verify = VerifyCosts(key=autotune.cost_key(target, batch=2, context=context),
+                         nodes=(1, 2, 4), seconds=(1.0, 1.0, 1.0), ar_token=1.0)  # fmt: skip
+    draft = DraftCosts(key=autotune.drafter_key(target, drafter, batch=2, context=context),
+                       kind="static", nodes=(2, 4), per_depth=(0.01, 0.01))  # fmt: skip
+    for what, costs in (("verify", verify), ("draft", draft)):
+        path = autotune._cache_file(costs.key, tmp_path, what)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(costs.to_json()))
+    before = sorted(tmp_path.rglob("*.json"))
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8]]
+    out = specjax.speculative_generate(target, drafter, prompts, max_new_tokens=12, config=auto)
+    ref = specjax.generate(target, prompts, max_new_tokens=12)
+    np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
+    assert sorted(tmp_path.rglob("*.json")) == before  # nothing measured or calibrated
+    # Flat verification cost: of the (2, 1) probe's trees within 4 nodes ((1,), (2,), (1, 1)),
+    # the chain of 2 accepts most: tau 1 + 0.5 + 0.5 * 2/3, in 1 + 2 x 0.01 seconds.
+    assert out.stats["tree"] == "branching(1,1)"
+    tau = 1 + 0.5 + 0.5 * 2 / 3
+    assert out.stats["predicted_tau"] == pytest.approx(tau, abs=1e-3)
+    assert out.stats["predicted_speedup"] == pytest.approx(tau / 1.02, abs=1e-3)
+
+
+@pytest.mark.slow
 def test_default_call_chooses_reports_and_stays_exact(tmp_path, monkeypatch):
     """speculative_generate's default (SpecConfig.auto()): calibrates the pair on the call's
     prompts, measures costs into $SPECJAX_CACHE, chooses, and gives generate's greedy tokens."""
@@ -138,18 +192,21 @@ def test_default_call_chooses_reports_and_stays_exact(tmp_path, monkeypatch):
     target = specjax.Llama(TINY, rngs=nnx.Rngs(0))
     drafter = LMDrafter.self_draft(1)
     prompts = [[1, 2, 3], [4, 5, 6, 7, 8]]
-    auto = AutoSpecConfig(max_nodes=8, verbose=False, allow_autoregressive=False)
+    auto = AutoSpecConfig(
+        max_nodes=4, verbose=False, allow_autoregressive=False, timed_candidates=1
+    )
     ref = specjax.generate(target, prompts, max_new_tokens=12)
     out = specjax.speculative_generate(target, drafter, prompts, max_new_tokens=12, config=auto)
     np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
     assert out.stats["tree"].startswith("branching(")
     assert out.stats["predicted_tau"] >= 1 and math.isfinite(out.stats["predicted_speedup"])
     assert list((tmp_path / "acceptance").glob("*.json"))
-    assert len(list((tmp_path / "costs").glob("*.json"))) == 2  # target and drafter costs
+    # target, drafter and the timed candidate steps
+    assert len(list((tmp_path / "costs").glob("*.json"))) == 3
     # With the autoregressive fallback allowed the output is the same either way.
     out2 = specjax.speculative_generate(
-        target, drafter, prompts, max_new_tokens=12, config=SpecConfig.auto(verbose=False,
-                                                                            max_nodes=8)
+        target, drafter, prompts, max_new_tokens=12, config=SpecConfig.auto(
+            verbose=False, max_nodes=4, timed_candidates=1)
     )  # fmt: skip
     np.testing.assert_array_equal(np.asarray(out2.tokens), np.asarray(ref.tokens))
-    assert len(list((tmp_path / "costs").glob("*.json"))) == 2  # measured once
+    assert len(list((tmp_path / "costs").glob("*.json"))) == 3  # measured once

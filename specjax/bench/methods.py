@@ -66,6 +66,7 @@ class Method:
     tree: TreeConfig | None = None
     rule: str = "auto"
     auto: bool = False
+    auto_fallback: bool = True  # auto: may choose plain decoding when no tree is predicted faster
     lookup_tokens: int = DEFAULT_LOOKUP_TOKENS
     label: str = ""
 
@@ -84,7 +85,7 @@ class Method:
     @property
     def config(self) -> SpecConfig | AutoSpecConfig:
         if self.auto:
-            return SpecConfig.auto(rule=self.rule)
+            return SpecConfig.auto(rule=self.rule, allow_autoregressive=self.auto_fallback)
         return SpecConfig(tree=self.tree or TreeConfig(), rule=self.rule)
 
     @property
@@ -105,7 +106,7 @@ class Method:
             who = checkpoint_label(self.drafter)
         rule = "" if self.rule == "auto" else f", {self.rule}"
         if self.auto:
-            return f"{who} auto{rule}"
+            return f"{who} auto{'' if self.auto_fallback else '-tree'}{rule}"
         tree = self.config.tree
         if tree.is_chain:
             shape = f"chain {tree.max_depth}"
@@ -133,7 +134,8 @@ def parse_method(spec: str) -> Method:
     """A method from its command-line spelling:
 
     ar | hf | hf-pld[:K] | hf-assisted:CHECKPOINT | DRAFTER[@N,DEPTH,TOPK[@RULE]]
-    | DRAFTER@auto[@RULE]
+    | DRAFTER@auto[@RULE] | DRAFTER@auto-tree[@RULE] (the chosen tree even when plain decoding
+    is predicted faster)
 
     DRAFTER is self:K, a draft checkpoint (same vocabulary as the target) or a trained drafter
     directory (checkpoints/...); the tree is `specjax generate --tree`'s N,DEPTH,TOPK (default: a
@@ -153,8 +155,9 @@ def parse_method(spec: str) -> Method:
     if not drafter or len(rest) > 2:
         raise ValueError(f"method {spec!r}: expected DRAFTER[@N,DEPTH,TOPK[@RULE]]")
     rule = rest[1] if len(rest) > 1 else "auto"
-    if rest and rest[0] == "auto":
-        return Method(kind=SPEC, drafter=drafter, auto=True, rule=rule)
+    if rest and rest[0] in ("auto", "auto-tree"):
+        fallback = rest[0] == "auto"
+        return Method(kind=SPEC, drafter=drafter, auto=True, auto_fallback=fallback, rule=rule)
     from specjax.drafters.spec import tree_for
 
     tree = tree_for(resolve_drafter(drafter), rest[0] if rest else None)
