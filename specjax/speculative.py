@@ -248,6 +248,21 @@ class SpeculativeLoop:
         return GenerateOutput(tokens=tokens, lengths=final.n_generated, stats=stats)
 
 
+def _merged_loop(
+    target_def, target_params, drafter_def, drafter_params, verifier_def, verifier_params,
+    *, max_new_tokens, config, sampling,
+) -> SpeculativeLoop:  # fmt: skip
+    """The SpeculativeLoop of split modules (inside jit: graph definitions are static)."""
+    return SpeculativeLoop(
+        target=nnx.merge(target_def, target_params),
+        drafter=nnx.merge(drafter_def, drafter_params),
+        verifier=nnx.merge(verifier_def, verifier_params),
+        config=config,
+        sampling=sampling,
+        max_new_tokens=max_new_tokens,
+    )
+
+
 @functools.partial(
     jax.jit,
     static_argnames=(
@@ -270,14 +285,10 @@ def _speculative(
     config: SpecConfig,
     sampling: SamplingConfig,
 ):
-    loop = SpeculativeLoop(
-        target=nnx.merge(target_def, target_params),
-        drafter=nnx.merge(drafter_def, drafter_params),
-        verifier=nnx.merge(verifier_def, verifier_params),
-        config=config,
-        sampling=sampling,
-        max_new_tokens=max_new_tokens,
-    )
+    loop = _merged_loop(
+        target_def, target_params, drafter_def, drafter_params, verifier_def, verifier_params,
+        max_new_tokens=max_new_tokens, config=config, sampling=sampling,
+    )  # fmt: skip
     state = loop.init(ids, prompt_lens, keys, eos_id)
     final = jax.lax.while_loop(lambda s: ~jnp.all(s.done), loop.step, state)
     return loop.output(final)
@@ -293,14 +304,10 @@ def _init_state(
     target_def, target_params, drafter_def, drafter_params, verifier_def, verifier_params,
     ids, prompt_lens, keys, eos_id, *, max_new_tokens, config, sampling,
 ):  # fmt: skip
-    loop = SpeculativeLoop(
-        target=nnx.merge(target_def, target_params),
-        drafter=nnx.merge(drafter_def, drafter_params),
-        verifier=nnx.merge(verifier_def, verifier_params),
-        config=config,
-        sampling=sampling,
-        max_new_tokens=max_new_tokens,
-    )
+    loop = _merged_loop(
+        target_def, target_params, drafter_def, drafter_params, verifier_def, verifier_params,
+        max_new_tokens=max_new_tokens, config=config, sampling=sampling,
+    )  # fmt: skip
     return loop.init(ids, prompt_lens, keys, eos_id)
 
 
@@ -315,14 +322,10 @@ def _traced_step(
     target_def, target_params, drafter_def, drafter_params, verifier_def, verifier_params,
     state, *, max_new_tokens, config, sampling,
 ):  # fmt: skip
-    loop = SpeculativeLoop(
-        target=nnx.merge(target_def, target_params),
-        drafter=nnx.merge(drafter_def, drafter_params),
-        verifier=nnx.merge(verifier_def, verifier_params),
-        config=config,
-        sampling=sampling,
-        max_new_tokens=max_new_tokens,
-    )
+    loop = _merged_loop(
+        target_def, target_params, drafter_def, drafter_params, verifier_def, verifier_params,
+        max_new_tokens=max_new_tokens, config=config, sampling=sampling,
+    )  # fmt: skip
     live = ~state.done
     new, tree, acc = loop.traced_step(state)
     return new, tree.replace(draft_dist=None), acc, live
