@@ -11,7 +11,7 @@ ragged (left-padded for transformers), every row stopping at EOS. Throughput = g
 (EOS included) / wall seconds of the whole batch, median over interleaved repetitions after one
 warm-up call each (compilation excluded). Greedy outputs are compared row by row with specjax
 autoregressive decoding. Rows that finish early: specjax keeps computing them until the batch
-ends (their cost is what the "useful share" column reports: generated tokens / (B x steps)).
+ends (the "tokens per row-step" column: generated tokens / (B x steps)).
 """
 
 from __future__ import annotations
@@ -97,6 +97,34 @@ def main(argv=None) -> int:
     def sj_tokens(out):
         return [np.asarray(out.tokens[i, : int(out.lengths[i])]) for i in range(len(out.lengths))]
 
+    def write(lines, done):
+        """The results file with the rows so far (a long run keeps what it measured)."""
+        header = device_header(
+            model="SmolLM2-135M-Instruct (GGUF Q4_1 dequantized to float32)",
+            prompts=f"first B MT-bench first turns, chat template, {args.max_new_tokens} new "
+            "tokens, EOS stop, greedy",
+            repetitions=f"{args.reps} interleaved after one warm-up call each",
+            command="python experiments/batched.py " + " ".join(argv or sys.argv[1:]),
+        )
+        table = [
+            "# Batched decoding: specjax vs transformers generate",
+            "",
+            header,
+            "",
+            "| B | method | tokens | seconds (median) | tokens/s | = specjax AR | tokens per "
+            "row-step, choice |",
+            "|---|---|---|---|---|---|---|",
+            *lines,
+            "",
+            "tokens per row-step: generated tokens / (B x target steps of the batch); for plain "
+            "decoding the share of row-steps that produced a token (rows that finished early keep "
+            "computing until the whole batch ends). = specjax AR: rows whose greedy output "
+            "equals specjax autoregressive decoding. On CPU, compare within a batch size (same "
+            "process), not across machines.",
+            f"Batch sizes measured: up to B={done} of {args.batches}.",
+        ]
+        Path(args.out).write_text("\n".join(table) + "\n")
+
     lines = []
     for b in args.batches:
         prompts = [base[i % len(base)] for i in range(b)]
@@ -133,30 +161,8 @@ def main(argv=None) -> int:
             )
             print(lines[-1], flush=True)
         jax.clear_caches()
+        write(lines, done=b)
 
-    header = device_header(
-        model="SmolLM2-135M-Instruct (GGUF Q4_1 dequantized to float32)",
-        prompts=f"first B MT-bench first turns, chat template, {args.max_new_tokens} new tokens, "
-        "EOS stop, greedy",
-        repetitions=f"{args.reps} interleaved after one warm-up call each",
-        command="python experiments/batched.py " + " ".join(argv or sys.argv[1:]),
-    )
-    table = [
-        "# Batched decoding: specjax vs transformers generate",
-        "",
-        header,
-        "",
-        "| B | method | tokens | seconds (median) | tokens/s | = specjax AR | useful share, "
-        "choice |",
-        "|---|---|---|---|---|---|---|",
-        *lines,
-        "",
-        "useful share: generated tokens / (B x target steps of the batch): the fraction of row "
-        "steps that produced a token (rows that finished early keep computing until the whole "
-        "batch ends). = specjax AR: rows whose greedy output equals specjax autoregressive "
-        "decoding. On CPU, compare within a batch size (same process), not across machines.",
-    ]
-    Path(args.out).write_text("\n".join(table) + "\n")
     print(f"[batched] wrote {args.out}")
     return 0
 
