@@ -4,12 +4,12 @@ Public API: load, load_drafter, generate, score, speculative_generate, the draft
 config dataclasses.
 """
 
+from specjax.api import speculative_generate
 from specjax.config import TINY, ModelConfig, SamplingConfig, SpecConfig, TreeConfig
 from specjax.decode import GenerateOutput, generate, score
 from specjax.drafters import Drafter, EagleDrafter, HiddenStateDrafter, LMDrafter, load_drafter
 from specjax.io import Loaded, load
 from specjax.models.target import Llama
-from specjax.speculative import speculative_generate
 from specjax.verifiers import FullVerifier, Verifier
 
 __all__ = [

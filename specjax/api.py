@@ -1,0 +1,88 @@
+"""The public speculative_generate: resolves the hardware-aware default (SpecConfig.auto(),
+specjax.choice) above the engine (specjax.speculative), so that the engine never imports the
+measurement and calibration modules that drive it."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+from specjax.cache import tree_reserve
+from specjax.choice import resolve_auto
+from specjax.config import AutoSpecConfig, SamplingConfig, SpecConfig
+from specjax.decode import GenerateOutput, check_eos, check_sampling, generate, prepare_prompts
+from specjax.speculative import speculative_decode
+
+
+def speculative_generate(
+    target,
+    drafter,
+    prompts,
+    *,
+    max_new_tokens: int,
+    config: SpecConfig | AutoSpecConfig = AutoSpecConfig(),
+    sampling: SamplingConfig = SamplingConfig(),
+    key=None,
+    eos_id: int | None = None,
+    verifier=None,
+) -> GenerateOutput:
+    """Speculative decoding: the target's exact output distribution in fewer target calls.
+
+    target: a specjax Llama; drafter: a Drafter (e.g. LMDrafter(draft_model) or
+    LMDrafter.self_draft(k)); prompts: list of token-id lists (ragged) or int array [B, T];
+    verifier: a Verifier (default FullVerifier(): the whole target verifies every node).
+    Returns GenerateOutput(tokens [B, max_new_tokens], lengths [B], stats) with stats
+    target_calls [B] (verification steps), tau [B] (mean tokens emitted per verification, accepted
+    + 1), accepted_hist [B, max_depth + 1] and nonfinite_logits [B] (steps in which the target
+    produced NaN/inf logits: the output of such a row is not trustworthy; it is reported, not
+    raised, since the check runs inside the compiled loop). Greedy output equals `generate`'s;
+    sampled output has the same distribution.
+
+    config: SpecConfig.auto() (the default) chooses the draft tree for this backend, target,
+    drafter and batch (specjax.choice; the first call measures costs and may calibrate, both kept
+    on disk) and adds stats tree (its label), predicted_tau and predicted_speedup; an explicit
+    SpecConfig is used as given.
+    """
+    kwargs = dict(max_new_tokens=max_new_tokens, sampling=sampling, key=key, eos_id=eos_id)
+    if not isinstance(config, AutoSpecConfig):
+        return speculative_decode(target, drafter, prompts, config=config, verifier=verifier,
+                                  **kwargs)  # fmt: skip
+    choice = _choose_config(target, drafter, prompts, config, sampling, max_new_tokens, eos_id)
+    if choice.config is None:
+        return _autoregressive(target, prompts, choice, config.attn_impl, **kwargs)
+    out = speculative_decode(
+        target, drafter, prompts, config=choice.config, verifier=verifier, **kwargs
+    )
+    out.stats.update(choice.stats())
+    return out
+
+
+def _autoregressive(target, prompts, choice, attn_impl, *, max_new_tokens, sampling, key, eos_id):
+    """SpecConfig.auto() predicted no tree faster than plain decoding: decode autoregressively,
+    with the speculative stats (one target call per token after the first)."""
+    out = generate(
+        target, prompts, max_new_tokens=max_new_tokens, sampling=sampling, key=key,
+        eos_id=eos_id, attn_impl=attn_impl,
+    )  # fmt: skip
+    calls = jnp.maximum(out.lengths - 1, 0)
+    stats = {
+        "target_calls": calls,
+        "accepted_hist": calls[:, None],
+        "tau": jnp.ones(calls.shape, jnp.float32),
+        "nonfinite_logits": jnp.zeros(calls.shape, jnp.int32),
+        **choice.stats(),
+    }
+    return out.replace(stats=stats)
+
+
+def _choose_config(target, drafter, prompts, auto, sampling, max_new_tokens, eos_id):
+    """Validate what needs no tree, then choose the tree (specjax.choice.resolve_auto)."""
+    check_sampling(sampling)
+    drafter.check_compatible(target)
+    check_eos(eos_id, target.config)
+    ids, _ = prepare_prompts(prompts, target.config, max_new_tokens, extra_slots=tree_reserve(1, 1))
+    room = target.config.max_seq_len - ids.shape[1] - max_new_tokens - 1
+    rows = [np.asarray(r) for r in prompts] if isinstance(prompts, list) else list(np.asarray(ids))
+    return resolve_auto(
+        target, drafter, rows, auto=auto, sampling=sampling, eos_id=eos_id, room=room
+    )
