@@ -9,7 +9,9 @@ for prefill, ancestors-or-self for a draft tree, just itself for one-token decod
 
 Implementations: "reference" (plain jnp, the CPU default), "pallas" (the flash-style kernel in
 specjax.kernels.tree_attention, compiled for TPU/GPU), "interpret" (the same kernel in Pallas
-interpret mode, for CPU tests). "auto" picks "pallas" on accelerators and "reference" on CPU.
+interpret mode, for CPU tests). "auto" picks "pallas" on accelerators when the compiled kernel
+takes the model's head dim (the GPU kernel needs a power of two >= 16: stories260K's D=8 does not
+qualify) and "reference" otherwise, and on CPU.
 """
 
 from __future__ import annotations
@@ -58,13 +60,19 @@ def reference_attention(q, k, v, lengths, tree_mask, visible=None):
     return out.reshape(b, n, h, d).astype(q.dtype)
 
 
-def resolve_impl(impl: AttentionImpl) -> str:
+def resolve_impl(impl: AttentionImpl, head_dim: int | None = None) -> str:
+    """The implementation `impl` stands for on JAX's default backend; head_dim lets "auto" avoid
+    a compiled kernel that cannot take it (None: assume it can)."""
     if impl not in ATTENTION_IMPLS:
         raise ValueError(
             f"unknown attention implementation {impl!r}; choose from {ATTENTION_IMPLS}"
         )
     if impl == "auto":
-        return "reference" if jax.default_backend() == "cpu" else "pallas"
+        if jax.default_backend() == "cpu":
+            return "reference"
+        from specjax.kernels.tree_attention import compiled_supports
+
+        return "pallas" if head_dim is None or compiled_supports(head_dim) else "reference"
     return impl
 
 
@@ -73,7 +81,7 @@ def attend(q, k, v, lengths, tree_mask, impl: AttentionImpl = "auto", *, visible
 
     visible [B, N, S]: block_visibility precomputed by a caller that runs many layers (used by the
     reference implementation)."""
-    impl = resolve_impl(impl)
+    impl = resolve_impl(impl, q.shape[-1])
     if impl == "reference":
         return reference_attention(q, k, v, lengths, tree_mask, visible)
     from specjax.kernels.tree_attention import tree_attention

@@ -299,3 +299,22 @@ def test_invalid_options(name, options, match):
 def test_compiled_kernel_needs_an_accelerator():
     with pytest.raises(ValueError, match="pass interpret=True"):
         tree_attention(**_valid(), interpret=False)
+
+
+def test_auto_attention_uses_the_kernel_only_for_head_dims_it_takes(monkeypatch):
+    """On a GPU, "auto" picks the compiled kernel for power-of-two head dims >= 16 and the
+    reference otherwise (stories260K's D=8); on TPU any head dim; on CPU always the reference."""
+    from specjax.attention import resolve_impl
+
+    assert [ops.compiled_supports(d, "gpu") for d in (8, 16, 48, 64, 128)] == [
+        False,
+        True,
+        False,
+        True,
+        True,
+    ]
+    assert ops.compiled_supports(8, "tpu") and not ops.compiled_supports(64, "cpu")
+    for backend, expected in [("gpu", ["reference", "pallas"]), ("cpu", ["reference"] * 2)]:
+        monkeypatch.setattr(jax, "default_backend", lambda backend=backend: backend)
+        assert [resolve_impl("auto", d) for d in (8, 64)] == expected
+        assert resolve_impl("pallas", 8) == "pallas"  # an explicit choice is kept

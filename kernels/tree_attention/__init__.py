@@ -8,7 +8,13 @@ Axis letters: B batch, N tree nodes, S cache length, H query heads, K kv heads, 
 ``tree_attention_reference`` is the plain-jnp specification it is tested against.
 """
 
-from specjax.kernels.tree_attention.ops import tree_attention, validate_inputs
+from specjax.kernels.tree_attention.ops import compiled_supports, tree_attention, validate_inputs
 from specjax.kernels.tree_attention.reference import tree_attention_reference, visibility
 
-__all__ = ["tree_attention", "tree_attention_reference", "validate_inputs", "visibility"]
+__all__ = [
+    "compiled_supports",
+    "tree_attention",
+    "tree_attention_reference",
+    "validate_inputs",
+    "visibility",
+]

@@ -117,6 +117,16 @@ def _check_int(name: str, value, minimum: int = 1) -> int:
     return int(value)
 
 
+def compiled_supports(head_dim: int, backend: str | None = None) -> bool:
+    """Whether the compiled kernel of `backend` (default: JAX's default backend) takes this head
+    dim: the Triton (GPU) kernel needs a power of two >= 16 (tl.dot's minimum tile); the Mosaic
+    (TPU) kernel has no head-dim limit (D % 128 != 0 takes its heads-major path)."""
+    backend = jax.default_backend() if backend is None else backend
+    if backend == "gpu":
+        return _is_pow2(head_dim) and head_dim >= _TRITON_MIN
+    return backend == "tpu"
+
+
 def _resolve_config(q, k, variant, interpret, block_k, block_q, num_splits):
     """Fill in defaults and check the static options against the variant and backend."""
     backend = jax.default_backend()

@@ -38,6 +38,14 @@ def hf_available() -> bool:
     return True
 
 
+def peer_device() -> str:
+    """ "cuda" when torch sees a GPU (the peer then runs where specjax's GPU backend runs), else
+    "cpu"."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def set_torch_threads(n: int) -> None:
     """torch.set_num_threads(n), after the environment set-up."""
     prepare_torch_env()
@@ -47,8 +55,9 @@ def set_torch_threads(n: int) -> None:
 
 
 class HFPeer:
-    """The target's weights in a transformers model on CPU (float32, `to_transformers`), counting
-    its forward calls (for tau), plus assistant models loaded on demand."""
+    """The target's weights in a transformers model (float32, `to_transformers`) on the GPU when
+    torch sees one, else the CPU, counting its forward calls (for tau), plus assistant models
+    loaded on demand."""
 
     def __init__(self, target: Target, log: Callable[[str], None] = print):
         import transformers
@@ -57,7 +66,8 @@ class HFPeer:
 
         self._transformers = transformers
         self.log = log
-        self.model = to_transformers(target.model)
+        self.device = peer_device()
+        self.model = to_transformers(target.model).to(self.device)
         self._configure(self.model, target.eos_id)
         self.eos_id = target.eos_id
         self.calls = 0
@@ -83,6 +93,7 @@ class HFPeer:
             from specjax.io.export import to_transformers
 
             hf = to_transformers(specjax.load(resolve_path(path, "models")).model)
+            hf = hf.to(self.device)
             self._configure(hf, self.eos_id, **HF_ASSISTANT_SETTINGS)
             self._assistants[path] = hf
         return self._assistants[path]
@@ -114,11 +125,11 @@ class _HFRunner(Runner):
         import torch
 
         torch.manual_seed(i)
-        x = torch.tensor([list(prompt.ids)], dtype=torch.long)
+        x = torch.tensor([list(prompt.ids)], dtype=torch.long, device=self.peer.device)
         self.peer.calls = 0
         with torch.inference_mode():
             out = self.peer.model.generate(x, attention_mask=torch.ones_like(x), **self.kwargs)
-        return out[0, x.shape[1] :].numpy(), self.peer.calls
+        return out[0, x.shape[1] :].cpu().numpy(), self.peer.calls  # .cpu() waits for the GPU
 
     @property
     def compile_s(self) -> float:
@@ -138,8 +149,8 @@ def peer_description() -> str:
 
     adaptive = "adapted" if is_sklearn_available() else "fixed: scikit-learn not installed"
     return (
-        f"transformers {transformers.__version__}, torch {torch.__version__}, "
-        f"{torch.get_num_threads()} threads, OMP_WAIT_POLICY="
+        f"transformers {transformers.__version__}, torch {torch.__version__} on "
+        f"{peer_device()}, {torch.get_num_threads()} threads, OMP_WAIT_POLICY="
         f"{os.environ.get('OMP_WAIT_POLICY', 'default')}, same weights via specjax.io.export."
         f"to_transformers; assistant: {HF_ASSISTANT_SETTINGS['num_assistant_tokens']} "
         f"tokens, {HF_ASSISTANT_SETTINGS['num_assistant_tokens_schedule']} schedule, "

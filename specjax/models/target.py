@@ -152,7 +152,7 @@ class Llama(nnx.Module):
         weights = self.layers.arrays()
         # Which cache positions each block token sees: built once per call, not once per layer.
         visible = None
-        if resolve_impl(attn_impl) == "reference":
+        if resolve_impl(attn_impl, cfg.head_dim) == "reference":
             visible = block_visibility(cache.lengths, tree_mask, cache.max_len)
 
         def body(carry, xs):
