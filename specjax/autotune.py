@@ -129,11 +129,13 @@ def measure_verify_costs(
     context: int = DEFAULT_CONTEXT,
     nodes: Sequence[int] = DEFAULT_NODES,
     reps: int = 5,
+    with_ar: bool = True,
     progress: Callable[[str], None] | None = None,
 ) -> VerifyCosts:
     """Time the target over blocks of N nodes (for N in `nodes`) at `context` committed
     positions, batch rows each. The block is a chain (a causal mask): the cost of a tree of N
-    nodes is the same, only the mask differs."""
+    nodes is the same, only the mask differs. with_ar: also time plain decoding (ar_token; else
+    0, unknown)."""
     nodes = tuple(sorted(set(int(n) for n in nodes)))
     if not nodes or nodes[0] < 1:
         raise ValueError(f"nodes must be positive ints, got {nodes}")
@@ -163,10 +165,14 @@ def measure_verify_costs(
         body = functools.partial(forward, n=n)
         init = (cache, jnp.ones((batch,), jnp.int32))
         seconds.append(seconds_per_iteration(body, params, init, reps=reps))
-    if progress is not None:
-        progress("measuring autoregressive decoding")
     key = cost_key(target, batch=batch, context=context)
-    ar = measure_ar_token(target, forward, params, cache, batch=batch, context=context, reps=reps)
+    ar = 0.0
+    if with_ar:
+        if progress is not None:
+            progress("measuring autoregressive decoding")
+        ar = measure_ar_token(
+            target, forward, params, cache, batch=batch, context=context, reps=reps
+        )
     return VerifyCosts(key=key, nodes=nodes, seconds=tuple(seconds), ar_token=ar)
 
 
@@ -223,12 +229,15 @@ def verify_costs(
     context: int = DEFAULT_CONTEXT,
     nodes: Sequence[int] = DEFAULT_NODES,
     reps: int = 5,
+    with_ar: bool = True,
     folder: str | Path | None = None,
     refresh: bool = False,
     progress: Callable[[str], None] | None = _print_progress,
 ) -> VerifyCosts:
     """t(N) for this target on this backend: read from the cache folder when measured before
-    with the same key and nodes, else measured (with a progress line) and written there."""
+    with the same key and nodes, else measured (with a progress line) and written there.
+    with_ar: the cost per token of plain decoding is wanted too (SpecConfig.auto() skips it when
+    it times candidate steps, which measure plain decoding alongside)."""
     folder = Path(folder) if folder is not None else cache_dir()
     key = cost_key(target, batch=batch, context=context)
     path = _cache_file(key, folder)
@@ -239,10 +248,10 @@ def verify_costs(
         except (ValueError, KeyError, TypeError):
             costs = None  # an unreadable file is measured again and rewritten
         if costs is not None and costs.key == key and costs.nodes == wanted:
-            return costs
-    costs = measure_verify_costs(
-        target, batch=batch, context=context, nodes=wanted, reps=reps, progress=progress
-    )
+            if costs.ar_token > 0 or not with_ar:
+                return costs
+    costs = measure_verify_costs(target, batch=batch, context=context, nodes=wanted, reps=reps,
+                                 with_ar=with_ar, progress=progress)  # fmt: skip
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(costs.to_json(), indent=2) + "\n")
     return costs
@@ -387,7 +396,7 @@ def measure_step_costs(
     *,
     batch: int = 1,
     context: int = DEFAULT_CONTEXT,
-    rounds: int = 5,
+    rounds: int = 3,
     call_s: float = 0.2,
     progress: Callable[[str], None] | None = None,
 ) -> tuple[float, tuple[float, ...]]:

@@ -299,7 +299,9 @@ def resolve_auto(
     max_nodes = max(2, min(auto.max_nodes, auto.max_batch_nodes // batch))
     context = cost_context(target, auto)
     grid = sorted({n for n in (1, 2, 4, 8, 16, 32, 64) if n < max_nodes} | {max_nodes})
-    verify = verify_costs(target, batch=batch, context=context, nodes=grid, progress=progress)
+    # Timed candidates measure plain decoding alongside their steps: no separate AR timing then.
+    verify = verify_costs(target, batch=batch, context=context, nodes=grid,
+                          with_ar=auto.timed_candidates == 0, progress=progress)  # fmt: skip
     if drafter.dynamic_trees:
         extra = {"topks": tuple(sorted({p.topk for p in profiles}))}
     else:

@@ -251,7 +251,7 @@ class AutoSpecConfig:
     context: int = 256
     verbose: bool = True
     allow_autoregressive: bool = True
-    timed_candidates: int = 4
+    timed_candidates: int = 3
 
     def __post_init__(self):
         if self.rule not in RULES:

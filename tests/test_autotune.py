@@ -57,6 +57,22 @@ def test_costs_are_measured_once_then_read_from_disk(tiny_target, tmp_path):
     assert batch2.key != first.key
 
 
+def test_plain_decoding_is_timed_only_when_wanted(tiny_target, tmp_path):
+    """SpecConfig.auto() skips the AR timing when it times candidate steps (which measure plain
+    decoding alongside); a later caller that wants it gets it measured and kept."""
+    lines = []
+    kw = dict(context=16, nodes=(1, 2), reps=1, folder=tmp_path, progress=lines.append)
+    without = autotune.verify_costs(tiny_target, with_ar=False, **kw)
+    assert without.ar_token == 0 and not any("autoregressive" in x for x in lines)
+    assert without.t_autoregressive == without.t_verify(1)  # the estimate while unknown
+    lines.clear()
+    assert autotune.verify_costs(tiny_target, with_ar=False, **kw) == without and not lines
+    with_ar = autotune.verify_costs(tiny_target, **kw)
+    assert with_ar.ar_token > 0 and any("autoregressive" in x for x in lines)
+    lines.clear()
+    assert autotune.verify_costs(tiny_target, with_ar=False, **kw) == with_ar and not lines
+
+
 def test_key_follows_the_weights(tiny_target):
     other = specjax.Llama(TINY, rngs=nnx.Rngs(1))
     assert autotune.cost_key(tiny_target, batch=1, context=16) != autotune.cost_key(
