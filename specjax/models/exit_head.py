@@ -1,0 +1,80 @@
+"""Early-exit heads (HiSpec): a light trained block that turns the residual stream entering layer
+E of the target into next-token logits through the target's own final norm and LM head.
+
+Axis letters: B batch, T tokens, M model dim, U exit vocabulary.
+
+The target is not early-exit trained: its final norm and LM head read straight off the layer-E
+residual agree with the last layer on few tokens (LayerSkip reports 1.9% acceptance for a model
+without early-exit training; kind "identity" below measures it for ours), so each exit gets a
+small residual block trained by distillation to the final distribution
+(specjax.train.exit_heads). Kinds:
+
+- "identity": no block, the untrained exit (the baseline the trained kinds are measured against);
+- "linear":   h = x + W rms(x), W [M, M] starting at zero (so training starts from "identity");
+- "mlp":      h = x + down(silu(gate rms(x)) * up rms(x)), width M, down starting at zero.
+
+Neither reads other positions, so an exit needs no cache of its own: the target's K/V for layers
+[0, E) are all it leaves behind. The readout is over an exit vocabulary [U] of target ids (the
+most frequent answer tokens, as the feature drafters' draft vocabulary): q is zero outside it,
+which keeps an exit exact as a drafter and costs U/V of the full LM head.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from specjax.models.drafter import TargetParts
+from specjax.models.layers import rms_norm
+
+EXIT_KINDS = ("identity", "linear", "mlp")
+
+
+class ExitVocab(nnx.Variable):
+    """Target ids of the exit vocabulary [U] (saved with the head, not trained)."""
+
+
+class ExitHead(nnx.Module):
+    """The trained block of one exit at layer `layer` (see the module docstring for kinds)."""
+
+    def __init__(
+        self,
+        d_model: int,
+        *,
+        layer: int,
+        kind: str,
+        vocab: np.ndarray,
+        eps: float,
+        rngs: nnx.Rngs,
+    ):
+        if kind not in EXIT_KINDS:
+            raise ValueError(f"unknown exit head kind {kind!r}; choose from {EXIT_KINDS}")
+        self.layer, self.kind, self.eps = int(layer), kind, float(eps)
+        self.vocab = ExitVocab(jnp.asarray(vocab, jnp.int32))
+        init = nnx.initializers.normal(d_model**-0.5)
+        if kind != "identity":
+            self.norm = nnx.Param(jnp.ones((d_model,), jnp.float32))
+        if kind == "linear":
+            self.w = nnx.Param(jnp.zeros((d_model, d_model), jnp.float32))
+        elif kind == "mlp":
+            self.gate = nnx.Param(init(rngs.params(), (d_model, d_model), jnp.float32))
+            self.up = nnx.Param(init(rngs.params(), (d_model, d_model), jnp.float32))
+            self.down = nnx.Param(jnp.zeros((d_model, d_model), jnp.float32))
+
+    def transform(self, x: jax.Array) -> jax.Array:
+        """[..., M] residual stream entering layer E -> [..., M] its stand-in for the last
+        layer's output (before the final norm)."""
+        if self.kind == "identity":
+            return x
+        n = rms_norm(x, self.norm[...], self.eps)
+        if self.kind == "linear":
+            return x + n @ self.w[...]
+        return x + (jax.nn.silu(n @ self.gate[...]) * (n @ self.up[...])) @ self.down[...]
+
+    def __call__(self, x: jax.Array, parts: TargetParts) -> jax.Array:
+        """Logits [..., U] over the exit vocabulary; parts: the target's final norm and LM head
+        restricted to self.vocab (specjax.models.drafter.target_parts)."""
+        h = rms_norm(self.transform(x), parts.final_norm, self.eps)
+        return h.astype(jnp.float32) @ parts.head_u.astype(jnp.float32)
