@@ -46,7 +46,13 @@ def tree_reserve(num_nodes: int, max_depth: int) -> int:
 
 
 def commit_path(
-    cache: KVCache, path: jax.Array, advance: jax.Array, *, num_nodes: int, is_chain: bool = False
+    cache: KVCache,
+    path: jax.Array,
+    advance: jax.Array,
+    *,
+    num_nodes: int,
+    is_chain: bool = False,
+    layers: tuple[int, int] | None = None,
 ) -> KVCache:
     """Move the accepted tree nodes' K/V into contiguous positions and advance lengths.
 
@@ -58,6 +64,8 @@ def commit_path(
 
     num_nodes: N (static); every row needs lengths + max(N, P) <= S (see tree_reserve).
     is_chain: node i of a chain already sits at lengths + i, so nothing moves.
+    layers: move only layers [lo, hi) (an early-exit verifier writes the layers above its exit
+    in path order already); None: all.
     Rows are moved one at a time (a fori_loop of small slices updated in place): a batched
     gather-and-scatter compiles to copies and transposes of the whole [L, B, S, K, D] cache.
     """
@@ -65,11 +73,12 @@ def commit_path(
     if is_chain:
         return cache.replace(lengths=lengths)
     n_layers, b, _, kh, d = cache.k.shape
+    lo, hi = layers or (0, n_layers)
 
     def move(x, row, start, row_path):
-        window = jax.lax.dynamic_slice(x, (0, row, start, 0, 0), (n_layers, 1, num_nodes, kh, d))
-        moved = jnp.take(window, row_path, axis=2)  # [L, 1, P, K, D]
-        return jax.lax.dynamic_update_slice(x, moved, (0, row, start, 0, 0))
+        window = jax.lax.dynamic_slice(x, (lo, row, start, 0, 0), (hi - lo, 1, num_nodes, kh, d))
+        moved = jnp.take(window, row_path, axis=2)  # [hi - lo, 1, P, K, D]
+        return jax.lax.dynamic_update_slice(x, moved, (lo, row, start, 0, 0))
 
     def one_row(row, kv):
         start, row_path = cache.lengths[row], path[row]
