@@ -66,8 +66,10 @@ def test_greedy_equals_generate(lively, tree, layer, batch):
     config = SpecConfig(tree=tree)
     room = LIVELY.max_seq_len - max(map(len, prompts)) - tree.num_nodes - tree.max_depth - 1
     ref = specjax.generate(lively, prompts, max_new_tokens=room)
-    out = specjax.speculative_generate(lively, LMDrafter.self_draft(2), prompts,
-                                       max_new_tokens=room, config=config, verifier=verifier)  # fmt: skip
+    drafter = LMDrafter.self_draft(2)
+    out = specjax.speculative_generate(
+        lively, drafter, prompts, max_new_tokens=room, config=config, verifier=verifier
+    )
     np.testing.assert_array_equal(np.asarray(out.lengths), np.asarray(ref.lengths))
     np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
     hist = np.asarray(out.stats["accepted_hist"]).sum(0)
