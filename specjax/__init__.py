@@ -10,9 +10,10 @@ from specjax.decode import GenerateOutput, generate, score
 from specjax.drafters import Drafter, EagleDrafter, HiddenStateDrafter, LMDrafter, load_drafter
 from specjax.io import Loaded, load
 from specjax.models.target import Llama
-from specjax.verifiers import FullVerifier, Verifier
+from specjax.verifiers import EarlyExitVerifier, FullVerifier, Verifier
 
 __all__ = [
+    "EarlyExitVerifier",
     "TINY",
     "Drafter",
     "FullVerifier",

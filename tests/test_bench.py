@@ -94,6 +94,11 @@ def test_parse_method():
     assert bench.parse_method("ar").kind == bench.AR
     with pytest.raises(ValueError, match="needs a chain"):
         bench.parse_method("self:2@6,2,3@hsd")
+    hispec = bench.Method(kind=bench.SPEC, drafter="self:2", tree=TreeConfig.chain(4),
+                          exit_heads="checkpoints/smollm2-hispec")  # fmt: skip
+    assert hispec.name == "self-draft 2L chain 4 + exit verify (smollm2-hispec)"
+    with pytest.raises(ValueError, match="exit_heads needs a SPEC method with an explicit tree"):
+        bench.Method(kind=bench.SPEC, drafter="self:2", auto=True, exit_heads="x")
 
 
 def test_bench_tiny_model_table_and_plots(tiny_target, tmp_path):

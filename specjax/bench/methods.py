@@ -58,7 +58,9 @@ class Method:
     HF_ASSISTED the assistant checkpoint (exported to transformers with the same weights).
     tree/rule: SPEC's draft tree and acceptance rule; auto: SPEC with SpecConfig.auto() (the
     tree chosen per call from measured costs; tree is then unused); lookup_tokens: HF_LOOKUP's
-    prompt_lookup_num_tokens. label: display name (derived when empty).
+    prompt_lookup_num_tokens. exit_heads: SPEC with an exit-heads directory (checkpoints/
+    <target>-hispec): its verify exit screens every tree (specjax.verifiers.early_exit; needs
+    an explicit tree). label: display name (derived when empty).
     """
 
     kind: str
@@ -68,6 +70,7 @@ class Method:
     auto: bool = False
     auto_fallback: bool = True  # auto: may choose plain decoding when no tree is predicted faster
     lookup_tokens: int = DEFAULT_LOOKUP_TOKENS
+    exit_heads: str | None = None
     label: str = ""
 
     def __post_init__(self):
@@ -77,6 +80,8 @@ class Method:
             raise ValueError(f"a {self.kind} method needs a drafter")
         if self.kind == SPEC:
             SpecConfig(tree=self.tree or TreeConfig(), rule=self.rule)  # validates the pair
+        if self.exit_heads is not None and (self.kind != SPEC or self.auto):
+            raise ValueError("exit_heads needs a SPEC method with an explicit tree")
 
     @property
     def is_peer(self) -> bool:
@@ -108,13 +113,14 @@ class Method:
         if self.auto:
             return f"{who} auto{'' if self.auto_fallback else '-tree'}{rule}"
         tree = self.config.tree
+        via = f" + exit verify ({checkpoint_label(self.exit_heads)})" if self.exit_heads else ""
         if tree.is_chain:
             shape = f"chain {tree.max_depth}"
         elif tree.is_dynamic:
             shape = f"tree {tree.budget}/d{tree.max_depth}/top{tree.topk}"
         else:
             shape = "tree (" + ",".join(map(str, tree.branching)) + ")"
-        return f"{who} {shape}{rule}"
+        return f"{who} {shape}{rule}{via}"
 
     @property
     def draft_nodes(self) -> str:

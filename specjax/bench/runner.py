@@ -94,6 +94,13 @@ class SpecjaxRunner(Runner):
     def __init__(self, target: Target, method: Method, drafter, prompts: PromptSet, sampling):
         super().__init__(prompts)
         self.target, self.method, self.drafter, self.sampling = target, method, drafter, sampling
+        self.verifier = None
+        if method.exit_heads is not None:
+            from specjax.datasets import resolve_path
+            from specjax.verifiers.early_exit import EarlyExitVerifier
+
+            path = resolve_path(method.exit_heads)
+            self.verifier = EarlyExitVerifier.from_checkpoint(path, target.model)
 
     def warm_indices(self) -> list[int]:
         from specjax.decode import prepare_prompts
@@ -123,8 +130,9 @@ class SpecjaxRunner(Runner):
             out = specjax.generate(self.target.model, [list(prompt.ids)], **kw)
         else:
             out = specjax.speculative_generate(
-                self.target.model, self.drafter, [list(prompt.ids)], config=self.method.config, **kw
-            )
+                self.target.model, self.drafter, [list(prompt.ids)], config=self.method.config,
+                verifier=self.verifier, **kw,
+            )  # fmt: skip
         return jax.block_until_ready(out)
 
     def decoded(self) -> Decoded:

@@ -1,0 +1,68 @@
+"""HiSpec's intermediate verification over draft trees, measured: each trained drafter with the
+full target verifying every node, and with the trained verify exit (checkpoints/<target>-hispec)
+screening the tree so that the layers above the exit run on the exit's path only. Same harness
+as experiments/bench.py (interleaved repetitions in one process, specjax autoregressive decoding
+as the baseline, greedy output compared token for token). Writes experiments/results/hispec.md.
+
+    python experiments/hispec.py                          # both targets, T = 0 and 1
+    python experiments/hispec.py --targets smollm2 --temperatures 0
+
+Trees: the 31-node tree the trained drafters were benchmarked with (where verification of many
+nodes costs the most, and the exit saves the most) and the small tree SpecConfig.auto() chose
+on the 2-core CPU (dynamic(7,3,4)).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from bench_suites import FEATURE_TREE
+
+from specjax.bench import AR, SPEC, Dataset, Method, Suite, main
+from specjax.config import TreeConfig
+from specjax.datasets import TINYSTORIES
+from specjax.paths import (
+    SMOLLM2,
+    SMOLLM2_EAGLE,
+    SMOLLM2_MDC,
+    STORIES260K,
+    STORIES260K_EAGLE,
+    STORIES260K_MDC,
+)
+
+RESULTS = Path(__file__).resolve().parent / "results"
+SMALL_TREE = TreeConfig.dynamic(7, 3, 4)
+
+
+def methods(drafters, exit_heads):
+    rows = [Method(kind=AR)]
+    for tree in (FEATURE_TREE, SMALL_TREE):
+        for drafter in drafters:
+            rows.append(Method(kind=SPEC, drafter=drafter, tree=tree))
+            rows.append(Method(kind=SPEC, drafter=drafter, tree=tree, exit_heads=exit_heads))
+    return tuple(rows)
+
+
+SUITES = {
+    "stories260K": Suite(
+        name="stories260K",
+        model=STORIES260K,
+        kind="story",
+        stop_at_eos=False,
+        datasets=(Dataset.named(TINYSTORIES, 10, 128),),
+        methods=methods((STORIES260K_EAGLE, STORIES260K_MDC), "checkpoints/stories260K-hispec"),
+    ),
+    "smollm2": Suite(
+        name="SmolLM2-135M-Instruct",
+        model=SMOLLM2,
+        kind="chat",
+        datasets=(Dataset.named("mt_bench", 8, 64),),
+        methods=methods((SMOLLM2_EAGLE, SMOLLM2_MDC), "checkpoints/smollm2-hispec"),
+    ),
+}
+
+if __name__ == "__main__":
+    sys.exit(
+        main(default_out=RESULTS / "hispec.md", prog="python experiments/hispec.py", suites=SUITES)
+    )
