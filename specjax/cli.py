@@ -42,7 +42,9 @@ def _timed(fn, *args, **kwargs):
     return out, time.perf_counter() - t0
 
 
-def run_generation(loaded, ids, *, max_new_tokens, sampling, seed, drafter=None, tree=None):
+def run_generation(
+    loaded, ids, *, max_new_tokens, sampling, seed, drafter=None, tree=None, verifier=None
+):
     """Compile, then time one run; returns (output, run seconds, compile seconds)."""
     import jax
 
@@ -60,6 +62,8 @@ def run_generation(loaded, ids, *, max_new_tokens, sampling, seed, drafter=None,
         kwargs["config"] = (
             specjax.SpecConfig.auto() if tree is None else specjax.SpecConfig(tree=tree)
         )
+        if verifier is not None:
+            kwargs["verifier"] = verifier
     # The first call compiles; the second (same output) is the timed one.
     _, first = _timed(fn, *args, **kwargs)
     out, run = _timed(fn, *args, **kwargs)
@@ -99,6 +103,11 @@ def cmd_generate(args) -> int:
     ids = _encode_prompt(loaded, args.prompt, args.chat)
     drafter = _drafter_spec().make_drafter(args.drafter, loaded) if args.drafter else None
     tree = _drafter_spec().tree_for(args.drafter, args.tree) if args.tree else None
+    verifier = None
+    if args.exit_heads:
+        if drafter is None or tree is None:
+            raise SystemExit("--exit-heads needs --drafter and --tree (an explicit draft tree)")
+        verifier = specjax.EarlyExitVerifier.from_checkpoint(args.exit_heads, loaded.model)
     out, run, comp = run_generation(
         loaded,
         ids,
@@ -107,6 +116,7 @@ def cmd_generate(args) -> int:
         seed=args.seed,
         drafter=drafter,
         tree=tree,
+        verifier=verifier,
     )
     report(loaded, out, run, comp, "speculative" if drafter else "autoregressive")
     return 0
@@ -210,6 +220,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--tree",
         default=None,
         help="draft tree N,DEPTH,TOPK (default: chosen for this hardware, SpecConfig.auto())",
+    )
+    gen.add_argument(
+        "--exit-heads",
+        default=None,
+        help="exit-heads DIR (e.g. checkpoints/smollm2-hispec): its verify exit screens each "
+        "tree and the layers above it run on the exit's path only (HiSpec; needs --tree)",
     )
     gen.set_defaults(func=cmd_generate)
     demo = sub.add_parser(

@@ -52,9 +52,9 @@ def lively():
     "tree,layer,batch",
     [
         (TreeConfig.chain(4), 2, 4),
-        (TreeConfig(branching=(3, 2, 1)), 2, 4),
-        (TreeConfig(branching=(3, 2, 1)), 1, 1),
         (TreeConfig(branching=(2, 2, 2, 1)), 3, 3),
+        pytest.param(TreeConfig(branching=(3, 2, 1)), 2, 4, marks=pytest.mark.slow),
+        pytest.param(TreeConfig(branching=(3, 2, 1)), 1, 1, marks=pytest.mark.slow),
     ],
     ids=str,
 )
