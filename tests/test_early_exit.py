@@ -141,3 +141,19 @@ def test_check_catches_a_biased_final_rule(target, monkeypatch):
         speculative._speculative.clear_cache()
     problem = distribution_mismatch(empirical_joint(tokens), exact_joint(target, sampling), N_ROWS)
     assert problem is not None
+
+
+def test_three_levels_greedy_equals_generate(lively):
+    """HiSpec's three levels: the draft exit (layer 1) drafts a tree, the verify exit (layer 3)
+    screens it, the target checks the exit's path."""
+    drafter = LMDrafter.self_draft_exit(random_exit(LIVELY, 1, seed=5), lively)
+    verifier = EarlyExitVerifier(random_exit(LIVELY, 3, seed=6), lively)
+    config = SpecConfig(tree=TreeConfig(branching=(2, 2, 1)))
+    ref = specjax.generate(lively, RAGGED, max_new_tokens=40)
+    out = specjax.speculative_generate(
+        lively, drafter, RAGGED, max_new_tokens=40, config=config, verifier=verifier
+    )
+    np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
+    np.testing.assert_array_equal(np.asarray(out.lengths), np.asarray(ref.lengths))
+    with pytest.raises(ValueError, match="exit layer 4 must lie in"):
+        LMDrafter.self_draft_exit(random_exit(LIVELY, 4), lively)

@@ -63,7 +63,9 @@ class LMDrafter(nnx.Module):
 
     Either a separate small LM with the target's vocabulary (`LMDrafter(draft_model)`, e.g.
     llama2xs-279K drafting for stories260K), or self-drafting with the target's first `n_layers`
-    layers and its own LM head (`LMDrafter.self_draft(n_layers)`).
+    layers and its own LM head (`LMDrafter.self_draft(n_layers)`), or with the target's layers
+    below a trained exit head and that head (`LMDrafter.self_draft_exit(head, target)`: HiSpec's
+    draft exit, specjax.models.exit_head).
 
     Drafting a tree: the topology is static (TreeConfig.branching); at each depth the drafter runs
     on the whole block [prev, root, nodes...] with the ancestor mask and expands the frontier with
@@ -77,15 +79,24 @@ class LMDrafter(nnx.Module):
     samples_children = True
     dynamic_trees = False  # drafts the static topology of TreeConfig.branching
 
-    def __init__(self, draft_model=None, *, n_layers: int | None = None):
+    def __init__(self, draft_model=None, *, n_layers: int | None = None, exit_logits=None):
         self.draft_model = draft_model
         self.self_draft_layers = n_layers
+        self.exit_logits = exit_logits  # ExitLogits, or None: the target's own final norm + head
 
     @classmethod
     def self_draft(cls, n_layers: int) -> LMDrafter:
         if n_layers < 1:
             raise ValueError(f"self-drafting needs at least one layer, got {n_layers}")
         return cls(None, n_layers=n_layers)
+
+    @classmethod
+    def self_draft_exit(cls, head, target) -> LMDrafter:
+        """Self-drafting with the target's layers [0, head.layer) and the trained exit head
+        (specjax.models.exit_head.ExitHead of `target`)."""
+        from specjax.models.exit_head import ExitLogits
+
+        return cls(None, n_layers=head.layer, exit_logits=ExitLogits(head, target))
 
     def check_compatible(self, target) -> None:
         """Raise ValueError if this drafter cannot draft for `target`."""
@@ -126,7 +137,10 @@ class LMDrafter(nnx.Module):
         if rows is None:
             return None, out.cache
         start, count = rows
-        return model.head(out.hidden[n][:, start : start + count]), out.cache
+        frontier = out.hidden[n][:, start : start + count]
+        if self.exit_logits is not None:
+            return self.exit_logits(frontier), out.cache
+        return model.head(frontier), out.cache
 
     def init_state(
         self, target, prompt_ids, prompt_lens, cache_len, *, config: SpecConfig, target_hidden=None

@@ -1,7 +1,8 @@
 """Drafters named by a string, as the CLI and the benchmark take them, and the tree each gets.
 
-"self:K" self-drafts with the target's first K layers; a path to a checkpoint is a draft model
-sharing the target's vocabulary; a directory with drafter.json is a trained feature drafter,
+"self:K" self-drafts with the target's first K layers; "exit:DIR" self-drafts with the draft
+exit of an exit-heads directory (checkpoints/<target>-hispec); a path to a checkpoint is a draft
+model sharing the target's vocabulary; a directory with drafter.json is a trained feature drafter,
 optionally with an ablation switch: "DIR:noreuse", "DIR:freshN".
 """
 
@@ -61,6 +62,13 @@ def make_drafter(spec: str, target_loaded):
     directory from `specjax train-drafter`, optionally DIR:noreuse / DIR:freshN) or self:K."""
     if spec.startswith("self:"):
         return LMDrafter.self_draft(int(spec.split(":", 1)[1]))
+    if spec.startswith("exit:"):
+        from specjax.train.exit_heads import load_exit_heads
+
+        if target_loaded is None:
+            raise ValueError(f"{spec}: an exit drafter needs its target to load")
+        heads = load_exit_heads(spec.split(":", 1)[1], target_loaded.model)
+        return LMDrafter.self_draft_exit(heads["draft"], target_loaded.model)
     path, switches = split_drafter_switch(spec)
     if is_feature_drafter(path):
         if target_loaded is None:

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from specjax.models.drafter import TargetParts
+from specjax.models.drafter import TargetParts, target_parts
 from specjax.models.layers import rms_norm
 
 EXIT_KINDS = ("identity", "linear", "mlp")
@@ -78,3 +78,36 @@ class ExitHead(nnx.Module):
         restricted to self.vocab (specjax.models.drafter.target_parts)."""
         h = rms_norm(self.transform(x), parts.final_norm, self.eps)
         return h.astype(jnp.float32) @ parts.head_u.astype(jnp.float32)
+
+
+class ExitReadout(nnx.Variable):
+    """The target's final norm and LM head columns of an exit vocabulary (not trained)."""
+
+
+class ExitLogits(nnx.Module):
+    """An exit head with its readout taken from the target once (the LM head columns of its
+    vocabulary), returning logits over the target's whole vocabulary: -inf outside the exit
+    vocabulary, so q is zero there. What the early-exit verifier and the exit drafter call."""
+
+    def __init__(self, head: ExitHead, target):
+        cfg = target.config
+        if not 0 < head.layer < cfg.n_layers:
+            raise ValueError(f"exit layer {head.layer} must lie in [1, {cfg.n_layers - 1}]")
+        vocab = np.asarray(head.vocab[...])
+        if vocab.size == 0 or vocab.min() < 0 or vocab.max() >= cfg.vocab_size:
+            raise ValueError("the exit vocabulary holds ids outside the target's vocabulary")
+        parts = target_parts(target, jnp.asarray(vocab))
+        self.head, self.vocab_size = head, cfg.vocab_size
+        self.final_norm = ExitReadout(parts.final_norm)
+        self.head_u = ExitReadout(parts.head_u)
+
+    @property
+    def layer(self) -> int:
+        return self.head.layer
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """[..., M] residual stream entering the exit layer -> [..., V] float32 logits."""
+        parts = TargetParts(embed=None, final_norm=self.final_norm[...], head_u=self.head_u[...])
+        logits_u = self.head(x, parts)
+        full = jnp.full(logits_u.shape[:-1] + (self.vocab_size,), -jnp.inf, jnp.float32)
+        return full.at[..., self.head.vocab[...]].set(logits_u)

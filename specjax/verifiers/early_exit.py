@@ -41,8 +41,7 @@ from flax import nnx
 from specjax import verify as rules
 from specjax.cache import KVCache, commit_path
 from specjax.config import SamplingConfig, SpecConfig
-from specjax.models.drafter import target_parts
-from specjax.models.exit_head import ExitHead
+from specjax.models.exit_head import ExitHead, ExitLogits
 from specjax.sampling import apply_sampling
 from specjax.tree import Acceptance, DraftTree, causal_mask
 from specjax.verifiers.base import Verification
@@ -59,25 +58,12 @@ class EarlyExitState:
     exit_last: jax.Array
 
 
-class ExitReadout(nnx.Variable):
-    """The target's final norm and LM head columns of the exit vocabulary (not trained)."""
-
-
 class EarlyExitVerifier(nnx.Module):
     """Verifies a draft tree with an exit head at layer head.layer screening it first (see the
     module docstring). head: a trained ExitHead of `target` (specjax.train.exit_heads)."""
 
     def __init__(self, head: ExitHead, target):
-        cfg = target.config
-        if not 0 < head.layer < cfg.n_layers:
-            raise ValueError(f"exit layer {head.layer} must lie in [1, {cfg.n_layers - 1}]")
-        vocab = head.vocab[...]
-        if int(jnp.max(vocab)) >= cfg.vocab_size or int(jnp.min(vocab)) < 0:
-            raise ValueError("the exit vocabulary holds ids outside the target's vocabulary")
-        self.head = head
-        parts = target_parts(target, vocab)
-        self.final_norm = ExitReadout(parts.final_norm)
-        self.head_u = ExitReadout(parts.head_u)
+        self.exit = ExitLogits(head, target)
 
     @classmethod
     def from_checkpoint(cls, path, target) -> EarlyExitVerifier:
@@ -97,15 +83,6 @@ class EarlyExitVerifier(nnx.Module):
     def lengths(self, state: EarlyExitState):
         return state.cache.lengths
 
-    def exit_logits(self, h_e: jax.Array, vocab_size: int) -> jax.Array:
-        """[B, N, M] layer-E hidden -> [B, N, V] logits, -inf outside the exit vocabulary."""
-        from specjax.models.drafter import TargetParts
-
-        parts = TargetParts(embed=None, final_norm=self.final_norm[...], head_u=self.head_u[...])
-        logits_u = self.head(h_e, parts)
-        full = jnp.full(logits_u.shape[:-1] + (vocab_size,), -jnp.inf, jnp.float32)
-        return full.at[..., self.head.vocab[...]].set(logits_u)
-
     def verify(
         self,
         state: EarlyExitState,
@@ -120,7 +97,7 @@ class EarlyExitVerifier(nnx.Module):
         feature_layers: tuple[int, ...],
     ) -> Verification:
         cfg = target.config
-        e, n_layers = self.head.layer, cfg.n_layers
+        e, n_layers = self.exit.layer, cfg.n_layers
         b, n = tree.tokens.shape
         depth = config.tree.max_depth
         p_slots = depth + 1
@@ -140,7 +117,7 @@ class EarlyExitVerifier(nnx.Module):
             attn_impl=config.attn_impl,
         )
         h_e = low.hidden[e]  # [B, N, M]
-        exit_logits = self.exit_logits(h_e, cfg.vocab_size)
+        exit_logits = self.exit(h_e)  # [B, N, V], -inf outside the exit vocabulary
         p_exit = exit_logits if greedy else apply_sampling(exit_logits, sampling)
         split = jax.vmap(lambda k: jax.random.split(k, 2))(keys)
 
@@ -217,7 +194,7 @@ class EarlyExitVerifier(nnx.Module):
             advance,
             num_nodes=config.tree.num_nodes,
             is_chain=config.tree.is_chain,
-            layers=(0, self.head.layer),
+            layers=(0, self.exit.layer),
         )
         counted = jnp.where(advance > 0, state.exit_last, 0)
         return state.replace(cache=cache, exit_accepted=state.exit_accepted + counted)
