@@ -37,13 +37,18 @@ def checkpoint_label(path: str) -> str:
 
 
 def resolve_drafter(spec: str) -> str:
-    """self:K as is; a trained drafter directory relative to the current directory or to the
-    repository (checkpoints/...); else a draft model under the shared models folder."""
+    """self:K as is; exit:DIR with DIR found here or in the repository; a trained drafter
+    directory relative to the current directory or to the repository (checkpoints/...); else a
+    draft model under the shared models folder."""
     from specjax.drafters.spec import is_feature_drafter
     from specjax.paths import repo_dir
 
     if spec.startswith("self:"):
         return spec
+    if spec.startswith("exit:"):  # an exit-heads directory, relative to here or to the repo
+        path = spec.split(":", 1)[1]
+        found = path if Path(path).exists() else str(repo_dir() / path)
+        return "exit:" + found
     for candidate in (spec, str(repo_dir() / spec)):
         if is_feature_drafter(candidate):
             return candidate
@@ -107,6 +112,8 @@ class Method:
             return f"HF assisted ({checkpoint_label(self.drafter)})"
         if self.drafter.startswith("self:"):
             who = f"self-draft {self.drafter.split(':', 1)[1]}L"
+        elif self.drafter.startswith("exit:"):
+            who = f"draft exit ({checkpoint_label(self.drafter.split(':', 1)[1])})"
         else:
             who = checkpoint_label(self.drafter)
         rule = "" if self.rule == "auto" else f", {self.rule}"
