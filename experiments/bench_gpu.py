@@ -12,31 +12,22 @@ Same options as experiments/bench.py (--n-prompts, --max-new-tokens, --temperatu
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
-from bench_suites import FEATURE_TREE
+from bench_suites import FEATURE_TREE, SUITES
 
-from specjax.bench import AR, HF_GENERATE, SPEC, Dataset, Method, Suite, main
+from specjax.bench import AR, HF_GENERATE, SPEC, Dataset, Method, main
 from specjax.datasets import TINYSTORIES
-from specjax.paths import (
-    LLAMA2XS,
-    SMOLLM2,
-    SMOLLM2_EAGLE,
-    SMOLLM2_MDC,
-    STORIES260K,
-    STORIES260K_EAGLE,
-    STORIES260K_MDC,
-)
+from specjax.paths import LLAMA2XS, SMOLLM2_EAGLE, SMOLLM2_MDC, STORIES260K_EAGLE, STORIES260K_MDC
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
+# The suites of bench_suites.py (same targets and settings), with fewer prompts and methods.
 GPU_SUITES = {
-    "stories260K": Suite(
-        name="stories260K",
-        model=STORIES260K,
-        kind="story",
-        stop_at_eos=False,
+    "stories260K": dataclasses.replace(
+        SUITES["stories260K"],
         datasets=(Dataset.named(TINYSTORIES, 4, 128),),
         methods=(
             Method(kind=AR),
@@ -48,10 +39,8 @@ GPU_SUITES = {
             Method(kind=HF_GENERATE),
         ),
     ),
-    "smollm2": Suite(
-        name="SmolLM2-135M-Instruct",
-        model=SMOLLM2,
-        kind="chat",
+    "smollm2": dataclasses.replace(
+        SUITES["smollm2"],
         datasets=(Dataset.named("mt_bench", 4, 64),),
         methods=(
             Method(kind=AR),

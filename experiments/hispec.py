@@ -15,21 +15,15 @@ drafter (mdc is within a few percent of it on MT-bench), stories260K both.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
-from bench_suites import FEATURE_TREE
+from bench_suites import FEATURE_TREE, SUITES
 
-from specjax.bench import AR, SPEC, Dataset, Method, Suite, main
+from specjax.bench import AR, SPEC, Method, main
 from specjax.config import TreeConfig
-from specjax.datasets import TINYSTORIES
-from specjax.paths import (
-    SMOLLM2,
-    SMOLLM2_EAGLE,
-    STORIES260K,
-    STORIES260K_EAGLE,
-    STORIES260K_MDC,
-)
+from specjax.paths import SMOLLM2_EAGLE, STORIES260K_EAGLE, STORIES260K_MDC
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SMALL_TREE = TreeConfig.dynamic(7, 3, 4)
@@ -50,25 +44,22 @@ def methods(drafters, exit_heads):
     return tuple(rows)
 
 
-SUITES = {
-    "stories260K": Suite(
-        name="stories260K",
-        model=STORIES260K,
-        kind="story",
-        stop_at_eos=False,
-        datasets=(Dataset.named(TINYSTORIES, 10, 128),),
+# The targets and prompt sets of bench_suites.py with these methods.
+HISPEC_SUITES = {
+    "stories260K": dataclasses.replace(
+        SUITES["stories260K"],
         methods=methods((STORIES260K_EAGLE, STORIES260K_MDC), "checkpoints/stories260K-hispec"),
     ),
-    "smollm2": Suite(
-        name="SmolLM2-135M-Instruct",
-        model=SMOLLM2,
-        kind="chat",
-        datasets=(Dataset.named("mt_bench", 8, 64),),
-        methods=methods((SMOLLM2_EAGLE,), "checkpoints/smollm2-hispec"),
+    "smollm2": dataclasses.replace(
+        SUITES["smollm2"], methods=methods((SMOLLM2_EAGLE,), "checkpoints/smollm2-hispec")
     ),
 }
 
 if __name__ == "__main__":
     sys.exit(
-        main(default_out=RESULTS / "hispec.md", prog="python experiments/hispec.py", suites=SUITES)
+        main(
+            default_out=RESULTS / "hispec.md",
+            prog="python experiments/hispec.py",
+            suites=HISPEC_SUITES,
+        )
     )
