@@ -101,6 +101,7 @@ def test_parse_method():
         bench.Method(kind=bench.SPEC, drafter="self:2", auto=True, exit_heads="x")
 
 
+@pytest.mark.slow  # ~18 s: keeps the default run under 12 minutes on 2 cores
 def test_bench_tiny_model_table_and_plots(tiny_target, tmp_path):
     methods = [bench.parse_method("self:1@2,2,1")]  # the AR baseline is added by bench()
     from specjax import decode, speculative

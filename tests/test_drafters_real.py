@@ -59,6 +59,7 @@ def test_stories_drafter_loads_and_is_lossless(stories, name):
     assert tau > 2.0, tau  # a trained drafter: an untrained one stays near 1
 
 
+@pytest.mark.slow  # loads SmolLM2; the refusal itself is tested on tiny models in test_errors
 def test_drafter_for_another_target_is_refused(stories, shared_dir):
     smollm2 = specjax.load(shared_dir / SMOLLM2)
     with pytest.raises(ValueError, match="trained for another target"):
