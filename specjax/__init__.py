@@ -1,7 +1,7 @@
 """specjax: lossless speculative decoding for Llama-family models in JAX.
 
 Public API: load, load_drafter, generate, score, speculative_generate, the drafters and the
-config dataclasses.
+config dataclasses; make_mesh and shard_model put the target on a ('data', 'model') device mesh.
 """
 
 from specjax.api import speculative_generate
@@ -10,6 +10,7 @@ from specjax.decode import GenerateOutput, generate, score
 from specjax.drafters import Drafter, EagleDrafter, HiddenStateDrafter, LMDrafter, load_drafter
 from specjax.io import Loaded, load
 from specjax.models.target import Llama
+from specjax.sharding import make_mesh, shard_model
 from specjax.verifiers import EarlyExitVerifier, FullVerifier, Verifier
 
 __all__ = [
@@ -31,7 +32,9 @@ __all__ = [
     "generate",
     "load",
     "load_drafter",
+    "make_mesh",
     "score",
+    "shard_model",
     "speculative_generate",
 ]
 __version__ = "0.1.0"

@@ -16,10 +16,14 @@ qualify) and "reference" otherwise, and on CPU.
 
 from __future__ import annotations
 
+import functools
 from typing import Literal
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+from specjax.sharding import DATA, active_mesh, kv_heads_axis
 
 AttentionImpl = Literal["auto", "reference", "pallas", "interpret"]
 ATTENTION_IMPLS = ("auto", "reference", "pallas", "interpret")
@@ -86,4 +90,17 @@ def attend(q, k, v, lengths, tree_mask, impl: AttentionImpl = "auto", *, visible
         return reference_attention(q, k, v, lengths, tree_mask, visible)
     from specjax.kernels.tree_attention import tree_attention
 
-    return tree_attention(q, k, v, lengths, tree_mask, interpret=(impl == "interpret"))
+    kernel = functools.partial(tree_attention, interpret=(impl == "interpret"))
+    mesh = active_mesh()
+    if mesh is None:
+        return kernel(q, k, v, lengths, tree_mask)
+    # A pallas_call is opaque to XLA's partitioner: run it per device on its rows and kv heads
+    # (the query heads of a kv head group travel with it; heads replicate when K does not divide).
+    heads = kv_heads_axis(k.shape[2], mesh)
+    qkv = P(DATA, None, heads, None)
+    return jax.shard_map(
+        kernel,
+        in_specs=(qkv, qkv, qkv, P(DATA), P(DATA, None, None)),
+        out_specs=qkv,
+        check_vma=False,
+    )(q, k, v, lengths, tree_mask)

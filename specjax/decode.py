@@ -23,6 +23,14 @@ from flax import nnx
 from specjax.cache import KVCache, init_cache
 from specjax.config import ModelConfig, SamplingConfig
 from specjax.sampling import apply_sampling
+from specjax.sharding import (
+    check_batch,
+    constrain_rows,
+    gather_logits,
+    mesh_of,
+    place_rows,
+    use_mesh,
+)
 from specjax.tree import causal_mask
 
 PROMPT_BUCKET = 16
@@ -166,6 +174,7 @@ def prefill(
 def choose_tokens(logits: jax.Array, keys: jax.Array, step, sampling: SamplingConfig) -> jax.Array:
     """Next token per row from logits [B, V]: argmax when greedy, else a sample with the row's key
     folded with `step` (scalar or [B])."""
+    logits = gather_logits(logits)
     if sampling.greedy:
         return jnp.argmax(logits, axis=-1).astype(jnp.int32)
     probs = apply_sampling(logits, sampling)
@@ -189,8 +198,10 @@ class _ARState:
 
 @functools.partial(
     jax.jit,
-    static_argnames=("graphdef", "max_new_tokens", "sampling", "attn_impl", "record_hidden"),
-)
+    static_argnames=(
+        "graphdef", "max_new_tokens", "sampling", "attn_impl", "record_hidden", "mesh"
+    ),
+)  # fmt: skip
 def _generate(
     graphdef,
     params,
@@ -203,8 +214,20 @@ def _generate(
     sampling: SamplingConfig,
     attn_impl: str,
     record_hidden: bool = False,
+    mesh=None,
 ):
-    model = nnx.merge(graphdef, params)
+    with use_mesh(mesh):
+        return _generate_loop(
+            nnx.merge(graphdef, params), ids, prompt_lens, keys, eos_id,
+            max_new_tokens=max_new_tokens, sampling=sampling, attn_impl=attn_impl,
+            record_hidden=record_hidden,
+        )  # fmt: skip
+
+
+def _generate_loop(
+    model, ids, prompt_lens, keys, eos_id, *, max_new_tokens, sampling, attn_impl, record_hidden
+):
+    """The body of _generate (under the mesh context when there is one)."""
     b, t = ids.shape
     cache = init_cache(model.config, b, t + max_new_tokens)
     last_layer = model.config.n_layers
@@ -226,6 +249,7 @@ def _generate(
         if record_hidden
         else None,
     )
+    state = constrain_rows(state, b)
 
     def cond(s: _ARState):
         return (s.step < max_new_tokens) & ~jnp.all(s.done)
@@ -248,7 +272,7 @@ def _generate(
         nxt = jnp.where(live, nxt, 0)
         tokens = s.tokens.at[:, s.step].set(nxt)
         done = s.done | (nxt == eos_id) | (s.step + 1 >= max_new_tokens)
-        return _ARState(
+        new = _ARState(
             step=s.step + 1,
             tokens=tokens,
             last=nxt,
@@ -257,6 +281,7 @@ def _generate(
             cache=cache,
             hidden=hidden,
         )
+        return constrain_rows(new, b)
 
     final = jax.lax.while_loop(cond, body, state)
     stats = None
@@ -293,17 +318,23 @@ def generate(
     ids, lens = prepare_prompts(prompts, cfg, max_new_tokens)
     keys = prepare_keys(key, ids.shape[0])
     graphdef, params = nnx.split(model)
+    ids, lens = jnp.asarray(ids), jnp.asarray(lens)
+    mesh = mesh_of(params)
+    if mesh is not None:  # a model placed by load(mesh=...) / shard_model: rows over 'data'
+        check_batch(ids.shape[0], mesh)
+        ids, lens, keys = place_rows((ids, lens, keys), mesh)
     return _generate(
         graphdef,
         params,
-        jnp.asarray(ids),
-        jnp.asarray(lens),
+        ids,
+        lens,
         keys,
         jnp.int32(eos),
         max_new_tokens=max_new_tokens,
         sampling=sampling,
         attn_impl=attn_impl,
         record_hidden=record_hidden,
+        mesh=mesh,
     )
 
 

@@ -38,6 +38,7 @@ from specjax.decode import (
     prepare_prompts,
 )
 from specjax.drafters.base import RootContext
+from specjax.sharding import check_batch, constrain_rows, mesh_of, place_rows, replicate, use_mesh
 from specjax.tree import Acceptance, DraftTree, ancestor_mask, static_ancestor_mask
 from specjax.verifiers.full import FullVerifier, nonfinite_rows
 
@@ -133,7 +134,7 @@ class SpeculativeLoop:
         drafter_state = self.drafter.init_state(
             self.target, ids, prompt_lens, cache_len, config=self.config, target_hidden=hidden
         )
-        return SpecState(
+        state = SpecState(
             tokens=jnp.zeros((b, self.max_new_tokens + p), jnp.int32).at[:, 0].set(first),
             n_generated=jnp.ones((b,), jnp.int32),
             done=(first == eos_id) | (self.max_new_tokens <= 1),
@@ -147,6 +148,7 @@ class SpeculativeLoop:
             accepted_hist=jnp.zeros((b, p), jnp.int32),
             nonfinite=nonfinite_rows(logits).astype(jnp.int32),
         )
+        return constrain_rows(state, b)
 
     def tree_mask(self, tree):
         """[B, N, N] ancestor mask, built once per step (a constant for static topologies)."""
@@ -225,7 +227,7 @@ class SpeculativeLoop:
             accepted_hist=s.accepted_hist + jnp.where(live[:, None], hist, 0),
             nonfinite=s.nonfinite + (live & v.nonfinite),
         )
-        return new, tree, acc
+        return constrain_rows(new, s.done.shape[0]), tree, acc
 
     def output(self, final: SpecState) -> GenerateOutput:
         p, max_new = self.path_slots, self.max_new_tokens
@@ -264,7 +266,7 @@ def _merged_loop(
 @functools.partial(
     jax.jit,
     static_argnames=(
-        "target_def", "drafter_def", "verifier_def", "max_new_tokens", "config", "sampling"
+        "target_def", "drafter_def", "verifier_def", "max_new_tokens", "config", "sampling", "mesh"
     ),
 )  # fmt: skip
 def _speculative(
@@ -282,14 +284,16 @@ def _speculative(
     max_new_tokens: int,
     config: SpecConfig,
     sampling: SamplingConfig,
+    mesh=None,
 ):
     loop = _merged_loop(
         target_def, target_params, drafter_def, drafter_params, verifier_def, verifier_params,
         max_new_tokens=max_new_tokens, config=config, sampling=sampling,
     )  # fmt: skip
-    state = loop.init(ids, prompt_lens, keys, eos_id)
-    final = jax.lax.while_loop(lambda s: ~jnp.all(s.done), loop.step, state)
-    return loop.output(final)
+    with use_mesh(mesh):
+        state = loop.init(ids, prompt_lens, keys, eos_id)
+        final = jax.lax.while_loop(lambda s: ~jnp.all(s.done), loop.step, state)
+        return loop.output(final)
 
 
 @functools.partial(
@@ -426,6 +430,15 @@ def speculative_decode(
     target_def, target_params = nnx.split(target)
     drafter_def, drafter_params = nnx.split(drafter)
     verifier_def, verifier_params = nnx.split(verifier)
+    ids, lens = jnp.asarray(ids), jnp.asarray(lens)
+    mesh = mesh_of(target_params)
+    if mesh is not None:
+        # A target on a mesh (load(mesh=...), shard_model): rows over 'data'; the drafter and
+        # the verifier's own weights are small, so they are replicated (device_put returns
+        # arrays already placed so as they are).
+        check_batch(ids.shape[0], mesh)
+        ids, lens, keys = place_rows((ids, lens, keys), mesh)
+        drafter_params, verifier_params = replicate((drafter_params, verifier_params), mesh)
     return _speculative(
         target_def,
         target_params,
@@ -433,11 +446,12 @@ def speculative_decode(
         drafter_params,
         verifier_def,
         verifier_params,
-        jnp.asarray(ids),
-        jnp.asarray(lens),
+        ids,
+        lens,
         keys,
         jnp.int32(eos),
         max_new_tokens=max_new_tokens,
         config=config,
         sampling=sampling,
+        mesh=mesh,
     )

@@ -43,6 +43,7 @@ from specjax.cache import KVCache, commit_path
 from specjax.config import SamplingConfig, SpecConfig
 from specjax.models.exit_head import ExitHead, ExitLogits
 from specjax.sampling import apply_sampling
+from specjax.sharding import gather_logits
 from specjax.tree import Acceptance, DraftTree, causal_mask
 from specjax.verifiers.base import Verification
 from specjax.verifiers.full import FullVerifier, nonfinite_rows
@@ -117,7 +118,8 @@ class EarlyExitVerifier(nnx.Module):
             attn_impl=config.attn_impl,
         )
         h_e = low.hidden[e]  # [B, N, M]
-        exit_logits = self.exit(h_e)  # [B, N, V], -inf outside the exit vocabulary
+        # [B, N, V], -inf outside the exit vocabulary; gathered over V on a mesh.
+        exit_logits = gather_logits(self.exit(h_e))
         p_exit = exit_logits if greedy else apply_sampling(exit_logits, sampling)
         split = jax.vmap(lambda k: jax.random.split(k, 2))(keys)
 
@@ -145,7 +147,8 @@ class EarlyExitVerifier(nnx.Module):
         chain_tokens = jnp.pad(path_tokens, ((0, 0), (0, 1)))
         chain_tokens = jnp.where(chain_slot == n2[:, None] + 1, acc2.next_token[:, None],
                                  chain_tokens)  # fmt: skip
-        p_up = up.logits if greedy else apply_sampling(up.logits, sampling)
+        up_logits = gather_logits(up.logits)
+        p_up = up_logits if greedy else apply_sampling(up_logits, sampling)
         p_chain = jnp.pad(p_up, ((0, 0), (0, 1), (0, 0)))  # slot P is never judged against
         q_chain = None
         if not greedy:

@@ -17,6 +17,7 @@ from specjax.cache import KVCache, commit_path, init_cache
 from specjax.config import SamplingConfig, SpecConfig
 from specjax.decode import prefill
 from specjax.sampling import apply_sampling
+from specjax.sharding import gather_logits
 from specjax.tree import Acceptance, DraftTree
 from specjax.verifiers.base import Verification
 
@@ -57,8 +58,10 @@ class FullVerifier(nnx.Module):
             return_hidden=feature_layers,
             attn_impl=config.attn_impl,
         )
-        # Greedy reads only the argmax: no sampling transform over the vocabulary.
-        p = out.logits if rule == "greedy" else apply_sampling(out.logits, sampling)
+        # Greedy reads only the argmax: no sampling transform over the vocabulary. On a mesh the
+        # vocabulary is gathered first, so the rules run as on one device.
+        logits = gather_logits(out.logits)
+        p = logits if rule == "greedy" else apply_sampling(logits, sampling)
         acceptance = rules.RULES[rule](tree, p, keys, config.tree.max_depth)
         return Verification(
             acceptance=acceptance,
