@@ -144,10 +144,9 @@ def main() -> None:
                 first = time.perf_counter() - t0
                 tokens = np.asarray(out.tokens)
                 chex.assert_trees_all_equal(tokens, refs[check, s])
-                assert out.tokens.sharding.spec[0] == ("data" if data > 1 else None) or (
-                    data == 1
-                ), out.tokens.sharding
-                # A second call with new keys reuses the compiled program.
+                if data > 1:  # the rows stay where they were computed
+                    assert out.tokens.sharding.spec[0] == "data", out.tokens.sharding
+                # A second call reuses the compiled program.
                 before = compiled_programs(check)
                 again = run(check, target, samplings[s], args.attn)
                 np.testing.assert_array_equal(np.asarray(again.tokens), tokens)
