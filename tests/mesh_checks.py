@@ -12,9 +12,12 @@ compiled program. Prints one line per passed check; any mismatch raises (non-zer
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
     sys.exit("run with XLA_FLAGS=--xla_force_host_platform_device_count=8")
@@ -87,6 +90,96 @@ def run(check: str, target, sampling: SamplingConfig, attn_impl: str):
     return specjax.speculative_generate(target, drafter, PROMPTS, config=config, **kwargs)
 
 
+def write_hf_dir(model, path: Path) -> None:
+    """The model as a Hugging Face Llama directory (config.json + one safetensors file)."""
+    from safetensors.numpy import save_file
+
+    cfg = model.config
+    w = {n: np.asarray(getattr(model.layers, n)[...]) for n in ("wq", "wk", "wv", "wo")}
+    w |= {n: np.asarray(getattr(model.layers, n)[...]) for n in ("w_gate", "w_up", "w_down")}
+    names = dict(wq="self_attn.q_proj", wk="self_attn.k_proj", wv="self_attn.v_proj",
+                 wo="self_attn.o_proj", w_gate="mlp.gate_proj", w_up="mlp.up_proj",
+                 w_down="mlp.down_proj")  # fmt: skip
+    tensors = {
+        "model.embed_tokens.weight": np.asarray(model.embed[...]),
+        "model.norm.weight": np.asarray(model.final_norm[...]),
+    }
+    for i in range(cfg.n_layers):
+        for ours, theirs in names.items():
+            tensors[f"model.layers.{i}.{theirs}.weight"] = np.ascontiguousarray(w[ours][i].T)
+        tensors[f"model.layers.{i}.input_layernorm.weight"] = np.asarray(
+            model.layers.attn_norm[...][i]
+        )
+        tensors[f"model.layers.{i}.post_attention_layernorm.weight"] = np.asarray(
+            model.layers.mlp_norm[...][i]
+        )
+    path.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(path / "model.safetensors"))
+    (path / "config.json").write_text(
+        json.dumps(
+            dict(
+                model_type="llama",
+                vocab_size=cfg.vocab_size,
+                hidden_size=cfg.d_model,
+                num_hidden_layers=cfg.n_layers,
+                num_attention_heads=cfg.n_heads,
+                num_key_value_heads=cfg.n_kv_heads,
+                intermediate_size=cfg.ffn_dim,
+                tie_word_embeddings=True,
+                rms_norm_eps=cfg.norm_eps,
+                rope_theta=cfg.rope_theta,
+                max_position_embeddings=cfg.max_seq_len,
+            )  # fmt: skip
+        )
+    )
+
+
+def check_load(mesh, hf_dir: Path, ref_tokens) -> None:
+    """specjax.load(mesh=...) reads the safetensors slice by slice onto the mesh: the same
+    weights as an unsharded load, placed as shard_model places them, and the same tokens."""
+    plain = specjax.load(hf_dir).model
+    sharded = specjax.load(hf_dir, mesh=mesh).model
+    assert_weights_sharded(sharded, mesh)
+    assert sharded.layers.wq.get_metadata()["logical_axes"] == ("layers", "embed", "q_heads")
+    chex.assert_trees_all_equal(
+        [np.asarray(x) for x in jax.tree.leaves(nnx.state(plain))],
+        [np.asarray(x) for x in jax.tree.leaves(nnx.state(sharded))],
+    )
+    out = specjax.generate(sharded, PROMPTS, max_new_tokens=MAX_NEW)
+    chex.assert_trees_all_equal(np.asarray(out.tokens), ref_tokens)
+
+
+def check_errors(mesh) -> None:
+    """Bad input is refused before anything compiles, with the reason."""
+    target = specjax.shard_model(sharpened(CFG, 0), mesh)
+    try:
+        specjax.generate(target, PROMPTS[:3], max_new_tokens=4)
+    except ValueError as e:
+        assert "does not divide over the mesh's 'data' axis" in str(e), e
+    else:
+        raise AssertionError("a batch of 3 on a 2-way 'data' axis was accepted")
+    try:
+        specjax.make_mesh(data=4, model=4)
+    except ValueError as e:
+        assert "needs 16 devices, but only 8 exist" in str(e), e
+    else:
+        raise AssertionError("a 4x4 mesh on 8 devices was accepted")
+
+
+def assert_kernel_in_shard_map(target) -> None:
+    """With attn_impl="interpret" the Pallas call runs inside a shard_map (not auto-partitioned)."""
+    graphdef, params = nnx.split(target)
+    ids = np.ones((len(PROMPTS), 16), np.int32)
+    traced = decode._generate.trace(
+        graphdef, params, ids, np.ones(len(PROMPTS), np.int32),
+        jax.random.split(jax.random.key(0), len(PROMPTS)), np.int32(-1),
+        max_new_tokens=2, sampling=SamplingConfig(), attn_impl="interpret",
+        mesh=specjax.sharding.mesh_of(params),
+    )  # fmt: skip
+    text = str(traced.jaxpr)
+    assert "shard_map" in text and "pallas_call" in text, "kernel not inside shard_map"
+
+
 def compiled_programs(check: str) -> int:
     fn = decode._generate if check == "generate" else speculative._speculative
     return fn._cache_size()
@@ -122,6 +215,8 @@ def main() -> None:
     parser.add_argument("--checks", default="generate,spec_lm,spec_feature")
     parser.add_argument("--sampling", default="greedy,sampled")
     parser.add_argument("--attn", default="reference")
+    parser.add_argument("--load", action="store_true", help="also check load(mesh=...)")
+    parser.add_argument("--errors", action="store_true", help="also check the refusals")
     args = parser.parse_args()
     assert jax.device_count() == 8, jax.device_count()
     samplings = {"greedy": SamplingConfig(), "sampled": SAMPLED}
@@ -137,6 +232,17 @@ def main() -> None:
         mesh = specjax.make_mesh(data=data, model=model)
         target = specjax.shard_model(sharpened(CFG, 0), mesh)
         assert_weights_sharded(target, mesh)
+        if args.attn == "interpret" and model > 1:
+            assert_kernel_in_shard_map(target)
+        if args.load:
+            with tempfile.TemporaryDirectory() as tmp:
+                write_hf_dir(sharpened(CFG, 0), Path(tmp))
+                greedy = run("generate", sharpened(CFG, 0), SamplingConfig(), "reference")
+                check_load(mesh, Path(tmp), np.asarray(greedy.tokens))
+            print(f"ok {shape} load", flush=True)
+        if args.errors and data > 1:
+            check_errors(mesh)
+            print(f"ok {shape} errors", flush=True)
         for check in args.checks.split(","):
             for s in args.sampling.split(","):
                 t0 = time.perf_counter()

@@ -50,17 +50,31 @@ def _llama2c_tokenizer_next_to(path: Path):
 
 
 def load(
-    path: str | Path, *, tokenizer: str | Path | None = None, dtype: str = "float32"
+    path: str | Path,
+    *,
+    tokenizer: str | Path | None = None,
+    dtype: str = "float32",
+    mesh=None,
+    rules=None,
 ) -> Loaded:
     """Load a llama2.c .bin, GGUF file or Hugging Face safetensors directory.
 
     tokenizer: an explicit tokenizer file/directory; by default the tokenizer embedded in the
     checkpoint (GGUF), next to it (tokenizer.json, tok*.bin), or None.
+    mesh: a ('data', 'model') Mesh (specjax.make_mesh): every weight is placed sharded as it is
+    read (specjax.sharding: projections over 'model', vocabulary over 'model'); safetensors are
+    read tensor by tensor and slice by slice, so no device holds more than its shards. rules:
+    logical-to-mesh axis rules replacing specjax.sharding.RULES.
     """
     from specjax.io import tokenizer as tok
     from specjax.models.target import model_from_weights
 
     path = Path(path)
+    if mesh is not None:
+        from specjax.sharding import check_mesh, check_rules
+
+        check_mesh(mesh)
+        check_rules(rules)
     fmt = detect_format(path)
     if fmt == "llama2c":
         from specjax.io.llama2c import read_llama2c
@@ -81,7 +95,7 @@ def load(
     else:
         from specjax.io.hf import read_hf_dir
 
-        cfg, weights = read_hf_dir(path)
+        cfg, weights = read_hf_dir(path, lazy=mesh is not None)
         found = tok.HFTokenizer.from_dir(path) if (path / "tokenizer.json").exists() else None
     if dtype != cfg.dtype:
         cfg = dataclasses.replace(cfg, dtype=dtype)
@@ -93,5 +107,7 @@ def load(
             f"{cfg.vocab_size}: they do not belong together"
         )
     return Loaded(
-        model=model_from_weights(cfg, weights, source=str(path)), tokenizer=found, config=cfg
+        model=model_from_weights(cfg, weights, source=str(path), mesh=mesh, rules=rules),
+        tokenizer=found,
+        config=cfg,
     )

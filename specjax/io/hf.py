@@ -61,8 +61,79 @@ def hf_config(cfg_json: dict, where: str) -> ModelConfig:
     )
 
 
-def read_hf_dir(path: str | Path) -> tuple[ModelConfig, dict[str, np.ndarray]]:
-    """Return (config, canonical weights) from a directory with config.json + *.safetensors."""
+class LazyTensor:
+    """A canonical weight left in its safetensors file(s): `shape`, and numpy-style indexing that
+    reads only the requested slice (per layer for stacked [L, ...] weights, transposed from
+    Hugging Face's [out, in] when `transpose`). What a sharded load hands to
+    jax.make_array_from_callback, so each device's shard is read on its own."""
+
+    def __init__(self, parts: list[tuple[Path, str]], shape: tuple, *, transpose, stacked):
+        self.parts, self.shape = parts, tuple(shape)
+        self.transpose, self.stacked = transpose, stacked
+
+    def _read(self, part: tuple[Path, str], index: tuple) -> np.ndarray:
+        from safetensors import safe_open
+
+        file, name = part
+        stored = index[::-1] if self.transpose else index
+        with safe_open(str(file), framework="flax") as st:
+            x = np.asarray(st.get_slice(name)[stored], np.float32)
+        return x.T if self.transpose else x
+
+    def __getitem__(self, index) -> np.ndarray:
+        index = index if isinstance(index, tuple) else (index,)
+        index = index + (slice(None),) * (len(self.shape) - len(index))
+        if not self.stacked:
+            return self._read(self.parts[0], index)
+        layers = range(self.shape[0])[index[0]]
+        return np.stack([self._read(self.parts[i], index[1:]) for i in layers])
+
+
+def _lazy_weights(path: Path, cfg: ModelConfig, files: list[Path]) -> dict[str, LazyTensor]:
+    """Canonical weights as LazyTensors: only the safetensors headers are read here."""
+    from safetensors import safe_open
+
+    where = {}
+    for f in files:
+        with safe_open(str(f), framework="flax") as st:
+            for name in st.keys():
+                where[name.removeprefix("model.")] = (
+                    f,
+                    name,
+                    tuple(st.get_slice(name).get_shape()),
+                )
+
+    def lazy(names: list[str], transpose: bool, stacked: bool) -> LazyTensor:
+        missing = [n for n in names if n not in where]
+        if missing:
+            raise ValueError(f"{path}: missing tensors {missing[:3]}")
+        shape = where[names[0]][2]
+        shape = shape[::-1] if transpose else shape
+        shape = (len(names), *shape) if stacked else shape
+        parts = [where[n][:2] for n in names]
+        return LazyTensor(parts, shape, transpose=transpose, stacked=stacked)
+
+    weights = {
+        "embed": lazy(["embed_tokens.weight"], False, False),
+        "final_norm": lazy(["norm.weight"], False, False),
+    }
+    if not cfg.tie_embeddings:
+        weights["lm_head"] = lazy(["lm_head.weight"], True, False)
+    for hf_name, name in _LAYER_NAMES.items():
+        if name.startswith("b") and not cfg.qkv_bias:
+            continue
+        names = [f"layers.{i}.{hf_name}" for i in range(cfg.n_layers)]
+        weights[name] = lazy(names, hf_name.endswith("proj.weight"), True)
+    return weights
+
+
+def read_hf_dir(
+    path: str | Path, *, lazy: bool = False
+) -> tuple[ModelConfig, dict[str, np.ndarray]]:
+    """Return (config, canonical weights) from a directory with config.json + *.safetensors.
+
+    lazy: return LazyTensors instead of arrays (nothing but the headers is read until a slice
+    is asked for): the sharded load's path, which never holds a whole checkpoint anywhere."""
     from safetensors import safe_open
 
     path = Path(path)
@@ -70,6 +141,8 @@ def read_hf_dir(path: str | Path) -> tuple[ModelConfig, dict[str, np.ndarray]]:
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise ValueError(f"{path}: no *.safetensors files next to config.json")
+    if lazy:
+        return cfg, _lazy_weights(path, cfg, files)
     raw = {}
     for f in files:
         with safe_open(str(f), framework="flax") as st:

@@ -24,6 +24,7 @@ from specjax.attention import (
 from specjax.cache import KVCache
 from specjax.config import ModelConfig
 from specjax.models.layers import finish_layer, project_qkv, rms_norm, rope_angles
+from specjax.sharding import LOGICAL_AXES, place_weight
 
 
 # Canonical weight names and their shapes (the contract every checkpoint reader fills).
@@ -216,8 +217,13 @@ def write_layer_block(
     return jax.lax.fori_loop(0, block.shape[0], write_row, cache)
 
 
-def model_from_weights(cfg: ModelConfig, weights: dict, *, source: str = "checkpoint") -> Llama:
-    """Build a Llama from canonical arrays (see weight_shapes), validating names and shapes."""
+def model_from_weights(
+    cfg: ModelConfig, weights: dict, *, source: str = "checkpoint", mesh=None, rules=None
+) -> Llama:
+    """Build a Llama from canonical arrays (see weight_shapes), validating names and shapes.
+
+    mesh: place each weight sharded on this ('data', 'model') mesh as it is converted
+    (specjax.sharding.place_weight; weights may be lazy tensors read slice by slice)."""
     expected = weight_shapes(cfg)
     missing = sorted(set(expected) - set(weights))
     if missing:
@@ -233,5 +239,10 @@ def model_from_weights(cfg: ModelConfig, weights: dict, *, source: str = "checkp
     dtype = jnp.dtype(cfg.dtype)
     for name in expected:
         target = model.layers if name in LAYER_WEIGHTS else model
-        getattr(target, name).set_value(jnp.asarray(weights[name], dtype))
+        if mesh is None:
+            getattr(target, name).set_value(jnp.asarray(weights[name], dtype))
+            continue
+        param = getattr(target, name)
+        param.set_value(place_weight(name, weights[name], cfg, mesh, dtype, rules))
+        param.set_metadata(logical_axes=LOGICAL_AXES[name])
     return model
