@@ -216,6 +216,8 @@ def place_weight(name: str, value, cfg: ModelConfig, mesh: Mesh, dtype, rules=No
     tensor with .shape and numpy-style slicing (specjax.io.hf reads only the requested slice), so
     no device ever holds more than its shard."""
     sharding = weight_sharding(name, cfg, mesh, rules)
+    if isinstance(value, jax.Array):  # already on devices (a restored checkpoint): reshard there
+        return jax.device_put(value.astype(dtype), sharding)
     shape = tuple(value.shape)
     return jax.make_array_from_callback(
         shape, sharding, lambda index: np.asarray(value[index]).astype(dtype)

@@ -180,6 +180,68 @@ def assert_kernel_in_shard_map(target) -> None:
     assert "shard_map" in text and "pallas_call" in text, "kernel not inside shard_map"
 
 
+def check_checkpoints(mesh, other_mesh, tmp: Path) -> None:
+    """A target saved from `mesh` restores onto `other_mesh` and onto one device with the same
+    values, each laid out for where it lands; drafter params and optimizer state likewise."""
+    from specjax.train import sharded_checkpoint as sc
+    from specjax.train.trainer import TrainConfig, make_optimizer
+
+    target = specjax.shard_model(sharpened(CFG, 0), mesh)
+    sc.save_target(tmp / "target", target)
+    for where in (other_mesh, None):
+        back = sc.load_target(tmp / "target", mesh=where)
+        chex.assert_trees_all_equal(
+            [np.asarray(x) for x in jax.tree.leaves(nnx.state(target))],
+            [np.asarray(x) for x in jax.tree.leaves(nnx.state(back))],
+        )
+        if where is not None:
+            assert_weights_sharded(back, where)
+    net = feature_drafter(sharpened(CFG, 0)).net
+    params = nnx.state(net, nnx.Param)
+    state = specjax.sharding.replicate(
+        {"params": params, "opt": make_optimizer(TrainConfig(steps=2)).init(params)}, mesh
+    )
+    sc.save_tree(tmp / "train_state", state)
+    back = sc.restore_tree(tmp / "train_state", sc.abstract_on(state, other_mesh))
+    chex.assert_trees_all_equal(jax.tree.map(np.asarray, state), jax.tree.map(np.asarray, back))
+    assert all(x.sharding.mesh == other_mesh for x in jax.tree.leaves(back))
+
+
+def check_training(mesh) -> None:
+    """Data-parallel drafter training: the same updates as one device (gradients averaged over
+    the rows of every device), up to float summation order."""
+    from specjax.models.drafter import target_parts
+    from specjax.train.data import Dataset
+    from specjax.train.trainer import TrainConfig, train
+
+    rng = np.random.default_rng(0)
+    rows, width = 16, 64
+    data = Dataset(
+        tokens=rng.integers(0, CFG.vocab_size, (rows, width)).astype(np.int32),
+        feats=rng.normal(size=(rows, width, CFG.d_model)).astype(np.float16),
+        lengths=np.full(rows, width - 4, np.int32),
+        prompt_lens=np.full(rows, 8, np.int32),
+    )
+    cfg = TrainConfig(steps=3, batch=8, warmup=1, levels=2)
+    trained = []
+    for where in (None, mesh):
+        target = sharpened(CFG, 0)
+        net = feature_drafter(target).net
+        parts = target_parts(target, net.draft_vocab[...])
+        train(net, parts, data, cfg, mesh=where)
+        trained.append(nnx.state(net, nnx.Param))
+    leaves = jax.tree.leaves(trained[1])
+    assert any(isinstance(x.sharding, NamedSharding) for x in leaves), "not trained on the mesh"
+    before = jax.tree.leaves(nnx.state(feature_drafter(sharpened(CFG, 0)).net, nnx.Param))
+    moved = max(float(np.abs(np.asarray(a) - np.asarray(b)).max()) for a, b in
+                zip(jax.tree.leaves(trained[0]), before, strict=True))  # fmt: skip
+    assert moved > 1e-4, "training did not change the drafter"
+    chex.assert_trees_all_close(
+        jax.tree.map(np.asarray, trained[0]), jax.tree.map(np.asarray, trained[1]),
+        rtol=1e-4, atol=1e-5,
+    )  # fmt: skip
+
+
 def compiled_programs(check: str) -> int:
     fn = decode._generate if check == "generate" else speculative._speculative
     return fn._cache_size()
@@ -217,6 +279,9 @@ def main() -> None:
     parser.add_argument("--attn", default="reference")
     parser.add_argument("--load", action="store_true", help="also check load(mesh=...)")
     parser.add_argument("--errors", action="store_true", help="also check the refusals")
+    parser.add_argument(
+        "--train", action="store_true", help="also check training and sharded checkpoints"
+    )
     args = parser.parse_args()
     assert jax.device_count() == 8, jax.device_count()
     samplings = {"greedy": SamplingConfig(), "sampled": SAMPLED}
@@ -240,6 +305,12 @@ def main() -> None:
                 greedy = run("generate", sharpened(CFG, 0), SamplingConfig(), "reference")
                 check_load(mesh, Path(tmp), np.asarray(greedy.tokens))
             print(f"ok {shape} load", flush=True)
+        if args.train:
+            check_training(mesh)
+            other = specjax.make_mesh(data=model, model=data)  # the transposed shape
+            with tempfile.TemporaryDirectory() as tmp:
+                check_checkpoints(mesh, other, Path(tmp))
+            print(f"ok {shape} train", flush=True)
         if args.errors and data > 1:
             check_errors(mesh)
             print(f"ok {shape} errors", flush=True)

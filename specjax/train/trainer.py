@@ -33,6 +33,7 @@ from tqdm.auto import tqdm
 
 from specjax.models.drafter import DrafterNet, TargetParts, shift_right, unrolled_outputs
 from specjax.models.layers import rms_norm
+from specjax.sharding import check_batch, check_mesh, place_rows, replicate
 from specjax.train.data import Dataset
 
 
@@ -163,14 +164,33 @@ def batches(data: Dataset, batch: int, seed: int):
             }
 
 
-def train(net: DrafterNet, parts: TargetParts, data: Dataset, cfg: TrainConfig, log=print):
+def train(
+    net: DrafterNet,
+    parts: TargetParts,
+    data: Dataset,
+    cfg: TrainConfig,
+    log=print,
+    *,
+    mesh=None,
+):
     """Train net in place; returns a summary dict (steps, wall seconds, tokens seen, last
-    metrics). Shows a progress bar with the loss, level-0 agreement and tokens/s."""
+    metrics). Shows a progress bar with the loss, level-0 agreement and tokens/s.
+
+    mesh: data-parallel training on a ('data', 'model') mesh (specjax.make_mesh): the drafter,
+    its optimizer state and the target parts are replicated, every batch's rows are split over
+    'data'; the loss is the mean over the whole batch, so XLA all-reduces the gradients to their
+    average across devices and every replica applies the same update. cfg.batch must divide
+    over 'data'."""
     if len(data.lengths) < cfg.batch:
         raise ValueError(f"{len(data.lengths)} sequences is fewer than one batch of {cfg.batch}")
+    if mesh is not None:
+        check_mesh(mesh)
+        check_batch(cfg.batch, mesh)
     graphdef, params, rest = nnx.split(net, nnx.Param, ...)
     optimizer = make_optimizer(cfg)
     opt = optimizer.init(params)
+    if mesh is not None:
+        params, rest, opt, parts = replicate((params, rest, opt, parts), mesh)
     scale = jnp.float32(feature_scale(data))
     stream = batches(data, cfg.batch, cfg.seed)
     bar = tqdm(range(cfg.steps), desc=f"train {net.config.kind}", unit="step")
@@ -179,6 +199,8 @@ def train(net: DrafterNet, parts: TargetParts, data: Dataset, cfg: TrainConfig, 
     noise_key = jax.random.key(cfg.seed)
     for step in bar:
         batch = next(stream)
+        if mesh is not None:
+            batch = place_rows(batch, mesh)
         params, opt, metrics = train_step(
             graphdef,
             params,
@@ -191,7 +213,7 @@ def train(net: DrafterNet, parts: TargetParts, data: Dataset, cfg: TrainConfig, 
             optimizer=optimizer,
             cfg=cfg,
         )
-        seen += int((batch["lengths"] - batch["prompt_lens"]).sum())
+        seen += int(np.sum(np.asarray(batch["lengths"]) - np.asarray(batch["prompt_lens"])))
         if step % 10 == 0 or step == cfg.steps - 1:
             m = {k: float(v) for k, v in metrics.items()}
             history.append({"step": step, **m})
