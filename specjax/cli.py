@@ -3,6 +3,7 @@
 specjax demo
 specjax generate --model PATH --prompt TEXT [--drafter PATH|DIR|self:K] [--tree N,DEPTH,TOPK]
                  [--max-new-tokens N] [--temperature T] [--chat]
+                 [--mesh DxM [--coordinator HOST:PORT --num-processes N --process-id I]]
 specjax train-drafter --target PATH --kind mdc|eagle --out DIR
 specjax bench [--targets ...] [--datasets ...] [--prompts FILE ...] [--methods SPEC ...] [--quick]
 """
@@ -43,9 +44,10 @@ def _timed(fn, *args, **kwargs):
 
 
 def run_generation(
-    loaded, ids, *, max_new_tokens, sampling, seed, drafter=None, tree=None, verifier=None
+    loaded, ids, *, max_new_tokens, sampling, seed, drafter=None, tree=None, verifier=None, rows=1
 ):
-    """Compile, then time one run; returns (output, run seconds, compile seconds)."""
+    """Compile, then time one run; returns (output, run seconds, compile seconds). rows: the
+    prompt is repeated that many times (to fill a mesh's 'data' axis)."""
     import jax
 
     import specjax
@@ -55,9 +57,9 @@ def run_generation(
         max_new_tokens=max_new_tokens, sampling=sampling, key=jax.random.key(seed), eos_id=eos
     )
     if drafter is None:
-        fn, args = specjax.generate, (loaded.model, [ids])
+        fn, args = specjax.generate, (loaded.model, [ids] * rows)
     else:
-        fn, args = specjax.speculative_generate, (loaded.model, drafter, [ids])
+        fn, args = specjax.speculative_generate, (loaded.model, drafter, [ids] * rows)
         # No --tree: the hardware-aware default chooses it (printed with its prediction).
         kwargs["config"] = (
             specjax.SpecConfig.auto() if tree is None else specjax.SpecConfig(tree=tree)
@@ -93,13 +95,47 @@ def report(loaded, out, run, compile_s, label):
     )
 
 
+def _mesh_from_args(args):
+    """The device mesh of --mesh (None without it), after joining the other processes when
+    coordinator settings are given (jax.distributed must start before any other JAX call)."""
+    from specjax import distributed
+
+    multi = args.coordinator is not None or args.num_processes is not None
+    if multi or args.process_id is not None:
+        if args.mesh is None:
+            raise ValueError("--coordinator / --num-processes / --process-id need --mesh")
+        distributed.initialize(args.coordinator, args.num_processes, args.process_id)
+    if args.mesh is None:
+        return None
+    import specjax
+
+    data, model = distributed.parse_mesh(args.mesh)
+    return specjax.make_mesh(data=data, model=model)
+
+
+def _gathered(out):
+    """Every array of a GenerateOutput on this host (rows may live on other hosts' chips)."""
+    import jax
+
+    from specjax.distributed import gather_to_host
+
+    return jax.tree.map(lambda x: gather_to_host(x) if isinstance(x, jax.Array) else x, out)
+
+
 def cmd_generate(args) -> int:
+    if args.mesh is not None:
+        from specjax.distributed import parse_mesh
+
+        parse_mesh(args.mesh)  # a malformed --mesh fails before JAX starts
+    mesh = _mesh_from_args(args)
+    import jax
+
     import specjax
 
     sampling = specjax.SamplingConfig(
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p
     )
-    loaded = specjax.load(args.model, tokenizer=args.tokenizer)
+    loaded = specjax.load(args.model, tokenizer=args.tokenizer, mesh=mesh)
     ids = _encode_prompt(loaded, args.prompt, args.chat)
     drafter = _drafter_spec().make_drafter(args.drafter, loaded) if args.drafter else None
     tree = _drafter_spec().tree_for(args.drafter, args.tree) if args.tree else None
@@ -117,8 +153,12 @@ def cmd_generate(args) -> int:
         drafter=drafter,
         tree=tree,
         verifier=verifier,
+        rows=1 if mesh is None else mesh.shape["data"],
     )
-    report(loaded, out, run, comp, "speculative" if drafter else "autoregressive")
+    if mesh is not None:
+        out = _gathered(out)
+    if jax.process_index() == 0:
+        report(loaded, out, run, comp, "speculative" if drafter else "autoregressive")
     return 0
 
 
@@ -227,6 +267,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="exit-heads DIR (e.g. checkpoints/smollm2-hispec): its verify exit screens each "
         "tree and the layers above it run on the exit's path only (HiSpec; needs --tree)",
     )
+    gen.add_argument(
+        "--mesh",
+        default=None,
+        help="DATAxMODEL device mesh, e.g. 1x8 or 2x4: weights split over MODEL chips, the "
+        "prompt repeated over DATA rows (row 0 is printed)",
+    )
+    gen.add_argument(
+        "--coordinator",
+        default=None,
+        help="HOST:PORT of process 0, for several hosts (with --num-processes, --process-id), "
+        "or 'auto' on Cloud TPU / SLURM / Open MPI, where jax.distributed finds them",
+    )
+    gen.add_argument("--num-processes", type=int, default=None, help="processes (hosts) in all")
+    gen.add_argument("--process-id", type=int, default=None, help="this process, 0-based")
     gen.set_defaults(func=cmd_generate)
     demo = sub.add_parser(
         "demo", help="speculative vs plain decoding with a shipped drafter (SmolLM2 or stories)"
