@@ -277,6 +277,9 @@ def main() -> None:
     parser.add_argument("--checks", default="generate,spec_lm,spec_feature")
     parser.add_argument("--sampling", default="greedy,sampled")
     parser.add_argument("--attn", default="reference")
+    parser.add_argument(
+        "--rules", default="", help="logical=mesh remaps, e.g. embed=data (2D weight-stationary)"
+    )
     parser.add_argument("--load", action="store_true", help="also check load(mesh=...)")
     parser.add_argument("--errors", action="store_true", help="also check the refusals")
     parser.add_argument(
@@ -295,8 +298,17 @@ def main() -> None:
     for shape in args.meshes.split(","):
         data, model = (int(x) for x in shape.split("x"))
         mesh = specjax.make_mesh(data=data, model=model)
-        target = specjax.shard_model(sharpened(CFG, 0), mesh)
-        assert_weights_sharded(target, mesh)
+        if args.rules:
+            rules = dict(specjax.sharding.RULES)
+            rules |= dict(r.split("=") for r in args.rules.split(","))
+            target = specjax.shard_model(sharpened(CFG, 0), mesh, rules=rules)
+            wq = target.layers.wq[...]
+            want = specjax.sharding.weight_sharding("wq", CFG, mesh, rules)
+            assert wq.sharding.spec == want.spec, (wq.sharding, want)
+            print(f"rules {args.rules}: wq {wq.sharding.spec}", flush=True)
+        else:
+            target = specjax.shard_model(sharpened(CFG, 0), mesh)
+            assert_weights_sharded(target, mesh)
         if args.attn == "interpret" and model > 1:
             assert_kernel_in_shard_map(target)
         if args.load:

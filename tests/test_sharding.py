@@ -142,3 +142,13 @@ def test_data_parallel_training_and_sharded_checkpoints():
         "--meshes", "2x4", "--checks", "generate", "--sampling", "greedy", "--train"
     )  # fmt: skip
     assert "ok 2x4 train" in out, out
+
+
+@pytest.mark.slow
+def test_weight_stationary_2d_layout_same_tokens():
+    """The layout the README plans for Llama-3-70B (rules embed -> 'data': weights split over
+    both mesh axes) gives one device's tokens on a 2x4 mesh."""
+    out = run_mesh_checks(
+        "--meshes", "2x4", "--checks", "generate,spec_lm", "--rules", "embed=data"
+    )  # fmt: skip
+    assert out.count("ok ") == 4, out
