@@ -1,6 +1,7 @@
 """Overhead of the device mesh on a CPU host mesh: step time of `generate` and of
-`speculative_generate` (draft model, chain of 3) on 1x1 and 2x4 meshes, against one device
-without a mesh, for a random model sized for the mesh (8 query and 8 kv heads, every split whole).
+`speculative_generate` (a draft model, or the target's first layer; chain of 3) on 1x1 and 2x4
+meshes, against one device without a mesh, for a random model sized for the mesh (8 query and 8
+kv heads, every split whole).
 Writes experiments/results/mesh_overhead.md.
 
     taskset -c 1 python experiments/mesh_overhead.py            # the recorded run
@@ -88,8 +89,17 @@ def main(argv=None) -> int:
     spec = SpecConfig(tree=TreeConfig.chain(3))
     kinds = {
         "generate": lambda t: specjax.generate(t, prompts, max_new_tokens=args.max_new_tokens),
-        "speculative": lambda t: specjax.speculative_generate(
+        "speculative, draft model": lambda t: specjax.speculative_generate(
             t, drafter, prompts, max_new_tokens=args.max_new_tokens, config=spec
+        ),
+        # The target's first layer drafts: no replicated drafter weights (separates the
+        # drafter's replicated compute from the engine's own overhead).
+        "speculative, self-draft": lambda t: specjax.speculative_generate(
+            t,
+            specjax.LMDrafter.self_draft(1),
+            prompts,
+            max_new_tokens=args.max_new_tokens,
+            config=spec,
         ),
     }
     rows = []
@@ -110,7 +120,7 @@ def main(argv=None) -> int:
             step = statistics.median(times[case]) / calls[case]
             same = bool((tokens[case] == tokens["none"]).all())
             rows.append((kind, case, step * 1e3, step / base, same))
-            print(f"{kind:12s} {case:5s} {step * 1e3:8.2f} ms/step  x{step / base:.2f}  {same}")
+            print(f"{kind:24s} {case:5s} {step * 1e3:8.2f} ms/step  x{step / base:.2f}  {same}")
 
     lines = [
         "# Device-mesh overhead on a CPU host mesh",
@@ -118,7 +128,8 @@ def main(argv=None) -> int:
         f"Machine: {cpu_model()}, {os.cpu_count()} cores visible, run under `taskset -c 1` "
         "(one core) as recorded; 8 simulated XLA host devices sharing it. "
         f"jax {jax.__version__}, float32, batch {args.batch}, {args.max_new_tokens} new tokens, "
-        "greedy; speculative: draft model (1 layer, d_model 128), chain of 3. "
+        "greedy; speculative: a draft model (1 layer, d_model 128, replicated) or self-drafting "
+        "with the target's first layer, chain of 3. "
         f"Target: {TARGET.n_layers} layers, d_model {TARGET.d_model}, {TARGET.n_heads} heads "
         f"({TARGET.n_kv_heads} kv), ffn {TARGET.ffn_dim}, vocab {TARGET.vocab_size} (random).",
         "",
