@@ -32,7 +32,7 @@ from jax.sharding import PartitionSpec as P
 import specjax
 from specjax import decode, speculative
 from specjax.config import ModelConfig, SamplingConfig, SpecConfig, TreeConfig
-from specjax.drafters.feature import HiddenStateDrafter
+from specjax.drafters.feature import EagleDrafter, HiddenStateDrafter
 from specjax.drafters.lm import LMDrafter
 from specjax.models.drafter import DrafterConfig, DrafterNet
 
@@ -64,10 +64,10 @@ def sharpened(cfg: ModelConfig, seed: int) -> specjax.Llama:
     return nnx.merge(graphdef, jax.tree.map(lambda x: x * 3 if x.ndim >= 2 else x, state))
 
 
-def feature_drafter(target) -> HiddenStateDrafter:
-    cfg = DrafterConfig(kind="mdc", target=target.config, draft_vocab_size=CFG.vocab_size)
+def feature_drafter(target, kind: str = "mdc") -> HiddenStateDrafter | EagleDrafter:
+    cfg = DrafterConfig(kind=kind, target=target.config, draft_vocab_size=CFG.vocab_size)
     net = DrafterNet(cfg, np.arange(CFG.vocab_size), rngs=nnx.Rngs(7), target=target)
-    return HiddenStateDrafter(net, target)
+    return HiddenStateDrafter(net, target) if kind == "mdc" else EagleDrafter(net, target)
 
 
 def run(check: str, target, sampling: SamplingConfig, attn_impl: str):
@@ -85,6 +85,17 @@ def run(check: str, target, sampling: SamplingConfig, attn_impl: str):
     elif check == "spec_feature":
         drafter = feature_drafter(target)
         config = SpecConfig(tree=TreeConfig.dynamic(6, 3, 2), attn_impl=attn_impl)
+    elif check == "spec_eagle":
+        drafter = feature_drafter(target, kind="eagle")
+        config = SpecConfig(tree=TreeConfig.dynamic(6, 3, 2), attn_impl=attn_impl)
+    elif check == "spec_hsd":
+        drafter = LMDrafter(sharpened(DRAFT_CFG, 5))
+        config = SpecConfig(tree=TreeConfig.chain(3), rule="hsd", attn_impl=attn_impl)
+    elif check == "spec_tree_sampled":
+        drafter = LMDrafter(sharpened(DRAFT_CFG, 5))
+        config = SpecConfig(
+            tree=TreeConfig(branching=(2, 1, 1)), rule="tree_sampled", attn_impl=attn_impl
+        )
     else:
         raise ValueError(f"unknown check {check!r}")
     return specjax.speculative_generate(target, drafter, PROMPTS, config=config, **kwargs)

@@ -152,3 +152,14 @@ def test_weight_stationary_2d_layout_same_tokens():
         "--meshes", "2x4", "--checks", "generate,spec_lm", "--rules", "embed=data"
     )  # fmt: skip
     assert out.count("ok ") == 4, out
+
+
+@pytest.mark.slow
+def test_other_rules_and_drafters_same_sampled_tokens():
+    """Sampled decoding on 2x4 with the HSD and sampled-children tree rules (draft model) and the
+    EAGLE-style drafter gives one device's tokens for the same keys."""
+    out = run_mesh_checks(
+        "--meshes", "2x4", "--checks", "spec_hsd,spec_tree_sampled,spec_eagle",
+        "--sampling", "sampled",
+    )  # fmt: skip
+    assert out.count("ok ") == 3, out
