@@ -35,6 +35,7 @@ from specjax.config import ModelConfig, SamplingConfig, SpecConfig, TreeConfig
 from specjax.drafters.feature import EagleDrafter, HiddenStateDrafter
 from specjax.drafters.lm import LMDrafter
 from specjax.models.drafter import DrafterConfig, DrafterNet
+from specjax.models.exit_head import ExitHead
 
 # Sized for the mesh: 8 query heads split over 'model' up to 8 ways; 4 kv heads split over a
 # 4-way 'model' axis and stay replicated on an 8-way one (the documented fallback).
@@ -88,6 +89,15 @@ def run(check: str, target, sampling: SamplingConfig, attn_impl: str):
     elif check == "spec_eagle":
         drafter = feature_drafter(target, kind="eagle")
         config = SpecConfig(tree=TreeConfig.dynamic(6, 3, 2), attn_impl=attn_impl)
+    elif check == "spec_early_exit":  # HiSpec: an exit head at layer 1 screens each tree
+        head = ExitHead(CFG.d_model, layer=1, kind="mlp", vocab=np.arange(CFG.vocab_size),
+                        eps=CFG.norm_eps, rngs=nnx.Rngs(4))  # fmt: skip
+        nnx.update(head, jax.tree.map(lambda x: x + 0.05, nnx.state(head, nnx.Param)))
+        config = SpecConfig(tree=TreeConfig(branching=(2, 1)), attn_impl=attn_impl)
+        return specjax.speculative_generate(
+            target, LMDrafter.self_draft(1), PROMPTS, config=config,
+            verifier=specjax.EarlyExitVerifier(head, target), **kwargs,
+        )  # fmt: skip
     elif check == "spec_hsd":
         drafter = LMDrafter(sharpened(DRAFT_CFG, 5))
         config = SpecConfig(tree=TreeConfig.chain(3), rule="hsd", attn_impl=attn_impl)
