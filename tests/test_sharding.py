@@ -164,3 +164,45 @@ def test_other_rules_and_drafters_same_sampled_tokens():
         "--sampling", "sampled",
     )  # fmt: skip
     assert out.count("ok ") == 4, out
+
+
+def test_mesh_flag_and_distributed_settings_are_checked():
+    from specjax import distributed
+
+    assert distributed.parse_mesh("2x4") == (2, 4)
+    for bad in ("2x", "0x4", "2*4", ""):
+        with pytest.raises(ValueError, match="DATAxMODEL"):
+            distributed.parse_mesh(bad)
+    with pytest.raises(ValueError, match="go together"):
+        distributed.initialize("localhost:1234", None, None)
+    with pytest.raises(ValueError, match="outside"):
+        distributed.initialize("localhost:1234", 2, 5)
+
+
+@pytest.mark.slow
+def test_cli_on_a_mesh_with_the_distributed_runtime(shared_dir):
+    """`specjax generate --mesh 2x4` through jax.distributed.initialize (one process, 8 host
+    devices) prints the same greedy text as without a mesh."""
+    import socket
+
+    from conftest import require
+
+    from specjax.paths import STORIES260K
+
+    model = require(shared_dir / STORIES260K)
+    with socket.socket() as s:  # a free port for the coordinator
+        s.bind(("localhost", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, PYTHONPATH=str(HERE.parent))
+    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    texts = []
+    for extra in ([], ["--mesh", "2x4", "--coordinator", f"localhost:{port}",
+                       "--num-processes", "1", "--process-id", "0"]):  # fmt: skip
+        proc = subprocess.run(
+            [sys.executable, "-m", "specjax.cli", "generate", "--model", str(model),
+             "--prompt", "Once upon a time", "--max-new-tokens", "24", *extra],
+            env=env, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        texts.append(proc.stdout.strip().splitlines()[-1])  # the runtime may log lines first
+    assert texts[0] == texts[1] and len(texts[0]) > 20, texts
