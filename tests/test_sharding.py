@@ -116,7 +116,7 @@ def test_mesh_2x4_same_tokens_as_one_device():
 @pytest.mark.slow
 def test_every_mesh_every_engine_same_tokens():
     """1x1, 8x1, 2x4, 1x8: generate, a draft model, self-drafting and a feature drafter, greedy
-    and sampled with the same keys, give one device's tokens (about 8 minutes on one core)."""
+    and sampled with the same keys, give one device's tokens (about 10 minutes on one core)."""
     out = run_mesh_checks(
         "--meshes", "1x1,8x1,2x4,1x8", "--checks", "generate,spec_lm,spec_self,spec_feature",
         timeout=1800,
@@ -158,7 +158,7 @@ def test_weight_stationary_2d_layout_same_tokens():
 def test_other_rules_and_drafters_same_sampled_tokens():
     """Sampled decoding on 2x4 with the HSD and sampled-children tree rules (draft model), the
     EAGLE-style drafter and the early-exit verifier gives one device's tokens for the same keys
-    (about 4 minutes on one core)."""
+    (about 2 minutes on one core)."""
     out = run_mesh_checks(
         "--meshes", "2x4", "--checks", "spec_hsd,spec_tree_sampled,spec_eagle,spec_early_exit",
         "--sampling", "sampled",
