@@ -186,6 +186,22 @@ def replicate(tree, mesh: Mesh):
     return jax.device_put(tree, NamedSharding(mesh, P()))
 
 
+def onto_mesh(tree, mesh: Mesh):
+    """Arrays of `tree` already placed on `mesh` stay as they are (e.g. a draft model put there
+    with shard_model); the others are replicated on it. Placing a drafter once with
+    `nnx.update(drafter, onto_mesh(nnx.state(drafter), mesh))` saves the copy every call
+    otherwise makes."""
+    replicated = NamedSharding(mesh, P())
+
+    def place(x):
+        sharding = getattr(x, "sharding", None)
+        if isinstance(sharding, NamedSharding) and sharding.mesh == mesh:
+            return x
+        return jax.device_put(x, replicated)
+
+    return jax.tree.map(place, tree)
+
+
 def mesh_of(tree) -> Mesh | None:
     """The Mesh the arrays of `tree` were placed on (by load(mesh=...) or shard_model), or None
     for single-device arrays."""

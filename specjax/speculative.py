@@ -38,7 +38,7 @@ from specjax.decode import (
     prepare_prompts,
 )
 from specjax.drafters.base import RootContext
-from specjax.sharding import check_batch, constrain_rows, mesh_of, place_rows, replicate, use_mesh
+from specjax.sharding import check_batch, constrain_rows, mesh_of, onto_mesh, place_rows, use_mesh
 from specjax.tree import Acceptance, DraftTree, ancestor_mask, static_ancestor_mask
 from specjax.verifiers.full import FullVerifier, nonfinite_rows
 
@@ -434,11 +434,11 @@ def speculative_decode(
     mesh = mesh_of(target_params)
     if mesh is not None:
         # A target on a mesh (load(mesh=...), shard_model): rows over 'data'; the drafter and
-        # the verifier's own weights are small, so they are replicated (device_put returns
-        # arrays already placed so as they are).
+        # the verifier's own weights are small, so they are replicated unless already placed
+        # on the mesh (a draft model put there with shard_model stays split).
         check_batch(ids.shape[0], mesh)
         ids, lens, keys = place_rows((ids, lens, keys), mesh)
-        drafter_params, verifier_params = replicate((drafter_params, verifier_params), mesh)
+        drafter_params, verifier_params = onto_mesh((drafter_params, verifier_params), mesh)
     return _speculative(
         target_def,
         target_params,

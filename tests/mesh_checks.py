@@ -80,6 +80,11 @@ def run(check: str, target, sampling: SamplingConfig, attn_impl: str):
     if check == "spec_lm":
         drafter = LMDrafter(sharpened(DRAFT_CFG, 5))
         config = SpecConfig(tree=TreeConfig(branching=(2, 1, 1)), attn_impl=attn_impl)
+    elif check == "spec_lm_split":  # the draft model split over 'model' like the target
+        draft = sharpened(DRAFT_CFG, 5)
+        mesh = specjax.sharding.mesh_of(nnx.state(target))
+        drafter = LMDrafter(draft if mesh is None else specjax.shard_model(draft, mesh))
+        config = SpecConfig(tree=TreeConfig(branching=(2, 1, 1)), attn_impl=attn_impl)
     elif check == "spec_self":
         drafter = LMDrafter.self_draft(1)
         config = SpecConfig(tree=TreeConfig.chain(3), attn_impl=attn_impl)
