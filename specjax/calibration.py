@@ -111,12 +111,13 @@ def card_section(profiles) -> str:
     return "\n".join(lines) + "\n"
 
 
-def update_card(folder: Path, section: str) -> None:
-    """Replace (or add) the acceptance-profile section of folder/CARD.md."""
+def update_card(
+    folder: Path, section: str, *, heading: str = "Acceptance profile (acceptance.json)"
+) -> None:
+    """Replace (or add) the section `## heading` of folder/CARD.md."""
     card = folder / "CARD.md"
     text = card.read_text() if card.exists() else f"# {folder.name}\n"
-    text = re.sub(r"\n## Acceptance profile \(acceptance.json\)\n.*?(?=\n## |\Z)", "", text,
-                  flags=re.S)  # fmt: skip
+    text = re.sub(rf"\n## {re.escape(heading)}\n.*?(?=\n## |\Z)", "", text, flags=re.S)
     card.write_text(text.rstrip("\n") + "\n\n" + section)
 
 

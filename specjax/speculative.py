@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from specjax import pre_verify
 from specjax.cache import tree_reserve
 from specjax.config import SamplingConfig, SpecConfig
 from specjax.decode import (
@@ -51,7 +52,10 @@ class SpecState:
     done [B]; root [B] pending token at position lengths; prev [B] committed token at
     lengths - 1; verifier_state (the target cache); drafter_state; keys [B] per-row PRNG keys;
     eos_id scalar (-1: none); target_calls [B] verification steps while the row was live;
-    accepted_hist [B, P] histogram of n_accepted; nonfinite [B] steps with NaN/inf logits.
+    accepted_hist [B, P] histogram of n_accepted; nonfinite [B] steps with NaN/inf logits;
+    draft_hist [B, N] histogram of the draft nodes verified per step; verified_nodes [B] tree
+    nodes the target ran on (the step's bucket with a pre-verifier, else N); pre_verifier_stops
+    [B] steps in which the pre-verifier cut the draft (all three over live steps).
     """
 
     tokens: jax.Array
@@ -66,6 +70,9 @@ class SpecState:
     target_calls: jax.Array
     accepted_hist: jax.Array
     nonfinite: jax.Array
+    draft_hist: jax.Array
+    verified_nodes: jax.Array
+    pre_verifier_stops: jax.Array
 
 
 def emitted_tokens(tree_tokens, acceptance, p):
@@ -105,6 +112,21 @@ class SpeculativeLoop:
     @property
     def rule(self) -> str:
         return self.config.resolved_rule(self.sampling, self.drafter.samples_children)
+
+    @property
+    def pre_verifier(self):
+        """The drafter's pre-verifier when it may prune this run's trees, else None: only
+        deterministic (top-k) children may be dropped by what they are (specjax.pre_verify)."""
+        pv = getattr(self.drafter, "pre_verifier", None)
+        if pv is None or self.rule in ("chain", "tree_sampled", "hsd"):
+            return None
+        return pv
+
+    @property
+    def buckets(self) -> tuple[int, ...]:
+        n = self.config.tree.num_nodes
+        chosen = self.pre_verifier.shape.buckets or pre_verify.default_buckets(n)
+        return tuple(sorted({b for b in chosen if b < n} | {n}))
 
     @property
     def path_slots(self) -> int:
@@ -147,6 +169,9 @@ class SpeculativeLoop:
             target_calls=jnp.zeros((b,), jnp.int32),
             accepted_hist=jnp.zeros((b, p), jnp.int32),
             nonfinite=nonfinite_rows(logits).astype(jnp.int32),
+            draft_hist=jnp.zeros((b, self.config.tree.num_nodes), jnp.int32),
+            verified_nodes=jnp.zeros((b,), jnp.int32),
+            pre_verifier_stops=jnp.zeros((b,), jnp.int32),
         )
         return constrain_rows(state, b)
 
@@ -174,20 +199,32 @@ class SpeculativeLoop:
         tree, drafter_state = self.drafter.propose(
             s.drafter_state, self.target, ctx, draft_keys, config=cfg, sampling=self.sampling
         )
-        v = self.verifier.verify(
-            s.verifier_state,
-            self.target,
-            tree,
-            self.tree_mask(tree),
-            verify_keys,
+        live = ~s.done
+        kwargs = dict(
             rule=self.rule,
             config=cfg,
             sampling=self.sampling,
             feature_layers=self.drafter.feature_layers,
         )
+        pv = self.pre_verifier
+        if pv is None:
+            v = self.verifier.verify(
+                s.verifier_state, self.target, tree, self.tree_mask(tree), verify_keys, **kwargs
+            )
+            n_verified = jnp.int32(cfg.tree.num_nodes)
+            drafter_acc, drafter_hidden, cut = v.acceptance, v.hidden, jnp.zeros_like(live)
+        else:
+            keep = pre_verify.keep_mask(tree, pv, live, cfg.tree.max_depth)
+            cut = jnp.sum(keep, axis=1) < jnp.sum(tree.valid, axis=1)
+            tree, order = pre_verify.compact(tree, keep)
+            v, n_verified = pre_verify.verify_in_buckets(
+                self.verifier, s.verifier_state, self.target, tree, verify_keys, self.buckets,
+                **kwargs,
+            )  # fmt: skip
+            drafter_acc = pre_verify.to_drafter_indices(v.acceptance, order)
+            drafter_hidden = pre_verify.hidden_to_drafter_order(v.hidden, order)
         acc = v.acceptance
 
-        live = ~s.done
         emitted = emitted_tokens(tree.tokens, acc, p)  # [B, P]
         n_emit = acc.n_accepted + 1
         is_eos = (emitted == s.eos_id) & (jnp.arange(p)[None, :] < n_emit[:, None])
@@ -205,16 +242,18 @@ class SpeculativeLoop:
         vstate = self.verifier.commit(v.state, acc, advance, config=cfg)
         drafter_state = self.drafter.commit(
             drafter_state,
-            acc,
+            drafter_acc,
             advance,
             live=live,
             config=cfg,
             target=self.target,
-            target_hidden=v.hidden,
+            target_hidden=drafter_hidden,
         )
         last_node = jnp.take_along_axis(acc.path, acc.n_accepted[:, None], axis=1)
         last_accepted = jnp.take_along_axis(tree.tokens, last_node, axis=1)[:, 0]
         hist = jax.nn.one_hot(acc.n_accepted, p, dtype=jnp.int32)
+        n_draft = jnp.sum(tree.valid, axis=1) - 1
+        draft_hist = jax.nn.one_hot(n_draft, cfg.tree.num_nodes, dtype=jnp.int32)
         new = s.replace(
             tokens=tokens,
             n_generated=n_generated,
@@ -226,6 +265,9 @@ class SpeculativeLoop:
             target_calls=s.target_calls + live,
             accepted_hist=s.accepted_hist + jnp.where(live[:, None], hist, 0),
             nonfinite=s.nonfinite + (live & v.nonfinite),
+            draft_hist=s.draft_hist + jnp.where(live[:, None], draft_hist, 0),
+            verified_nodes=s.verified_nodes + jnp.where(live, n_verified, 0),
+            pre_verifier_stops=s.pre_verifier_stops + (live & cut),
         )
         return constrain_rows(new, s.done.shape[0]), tree, acc
 
@@ -238,6 +280,11 @@ class SpeculativeLoop:
             "accepted_hist": final.accepted_hist,
             "tau": (accepted_total + final.target_calls) / steps,
             "nonfinite_logits": final.nonfinite,
+            "draft_len": jnp.sum(final.draft_hist * jnp.arange(self.config.tree.num_nodes), 1)
+            / steps,
+            "draft_len_hist": final.draft_hist,
+            "verified_nodes": final.verified_nodes / steps,
+            "pre_verifier_stops": final.pre_verifier_stops,
         }
         if hasattr(self.drafter, "stats"):
             stats.update(self.drafter.stats(final.drafter_state))

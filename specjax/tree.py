@@ -28,6 +28,9 @@ class DraftTree:
     draft_dist: [B, N, V] float32 or None  q_u: the drafter's distribution for the children of u
                                (after the sampling transform). Needed by rules whose children are
                                sampled from q (chain and tree-sampled, HSD); None for one-hot trees.
+    node_stats: [B, N, S] float32 or None  what the drafter knew about each node when it drafted
+                               it (NODE_STATS, S = len(NODE_STATS); zeros for the root): the
+                               pre-verifier's input (specjax.pre_verify). None: not recorded.
     """
 
     tokens: jax.Array
@@ -36,10 +39,49 @@ class DraftTree:
     valid: jax.Array
     draft_prob: jax.Array
     draft_dist: jax.Array | None = None
+    node_stats: jax.Array | None = None
 
     @property
     def num_nodes(self) -> int:
         return self.tokens.shape[1]
+
+
+# Per-node drafting statistics (DraftTree.node_stats[..., i] = the i-th name), all computed from
+# the draft distribution of the node's parent, the only thing every drafter has: log q(node),
+# its cumulative log q over the path from the root, log q of the parent's most likely child, the
+# entropy of the parent's distribution, the node's rank among the parent's children, its depth.
+NODE_STATS = ("logq", "cum_logq", "parent_top1_logq", "parent_entropy", "rank", "depth")
+LOGQ_FLOOR = -50.0
+
+
+def distribution_stats(logq: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(log q of the most likely token [...], entropy [...]) of log-distributions logq [..., V]."""
+    logq = logq.astype(jnp.float32)
+    q = jnp.exp(logq)
+    entropy = -jnp.sum(jnp.where(q > 0, q * logq, 0.0), axis=-1)
+    return jnp.max(logq, axis=-1), entropy
+
+
+def children_stats(child_logq, parent_cum, parent_logq, depth) -> jax.Array:
+    """NODE_STATS of the children of some parents: child_logq [..., c] (log q of each child,
+    children in rank order), parent_cum [...] (the parents' cumulative log q), parent_logq
+    [..., V] (the parents' draft log-distribution), depth: the children's depth (int or [...]).
+    Returns [..., c, len(NODE_STATS)]."""
+    top1, entropy = distribution_stats(parent_logq)
+    # Floored so that children of zero draft probability (top-k past a top-p cut) stay finite.
+    child_logq = jnp.maximum(child_logq.astype(jnp.float32), LOGQ_FLOOR)
+    top1 = jnp.maximum(top1, LOGQ_FLOOR)
+    shape = child_logq.shape
+    rank = jnp.broadcast_to(jnp.arange(shape[-1], dtype=jnp.float32), shape)
+    columns = (
+        child_logq,
+        parent_cum[..., None] + child_logq,
+        jnp.broadcast_to(top1[..., None], shape),
+        jnp.broadcast_to(entropy[..., None], shape),
+        rank,
+        jnp.broadcast_to(jnp.asarray(depth, jnp.float32)[..., None], shape),
+    )
+    return jnp.stack(columns, axis=-1)
 
 
 @flax.struct.dataclass
@@ -187,7 +229,15 @@ def extract_path(parents: jax.Array, node: jax.Array, max_depth: int) -> jax.Arr
 
 
 def expand_topk(
-    step, root_state, root_tokens: jax.Array, *, depth: int, width: int, topk: int, num_nodes: int
+    step,
+    root_state,
+    root_tokens: jax.Array,
+    *,
+    depth: int,
+    width: int,
+    topk: int,
+    num_nodes: int,
+    stop=None,
 ) -> tuple[DraftTree, jax.Array]:
     """EAGLE-2 style dynamic tree with static shapes.
 
@@ -208,17 +258,24 @@ def expand_topk(
         W axis for the next frontier, so per-slot histories (e.g. a small KV cache) follow their
         node. Called `depth` times (traced once inside a lax.scan).
     root_state: pytree with leading axis [B]; root_tokens [B] int.
+    stop: None, or (node_logp, threshold_logp, block) for drafting that stops early (PACER):
+        node_logp(stats [B, X, len(NODE_STATS)]) -> [B, X] predicted log P(node accepted |
+        parent accepted). After every `block` levels a row whose frontier holds no node with
+        predicted path log-probability >= threshold_logp stops (its deeper children get score
+        -inf), and the levels loop (a lax.while_loop) ends when every row has stopped. Whether
+        a row stops depends only on the drafter's outputs, never on the target's.
 
     Returns (tree, scores): a DraftTree of num_nodes nodes in level (BFS) order -- parents before
     children, siblings in the order of their parents, then by decreasing score -- with
-    draft_prob = q_parent(token) (exp of the step's log-probability) and draft_dist None (the
-    children are deterministic: use the one-hot rule), and scores [B, N] the cumulative
-    log-probabilities (0 for the root). Slots that cannot be filled with a finite-score node are
-    invalid (parent 0, depth 1) and come after all valid nodes.
+    draft_prob = q_parent(token) (exp of the step's log-probability), draft_dist None (the
+    children are deterministic: use the one-hot rule) and node_stats (NODE_STATS), and scores
+    [B, N] the cumulative log-probabilities (0 for the root). Slots that cannot be filled with a
+    finite-score node are invalid (parent 0, depth 1) and come after all valid nodes.
     """
     b = root_tokens.shape[0]
     w, k, n = width, topk, num_nodes
     wk = w * k
+    n_stats = len(NODE_STATS)
     if w < 1 or k < 1 or depth < 1 or n < 1:
         raise ValueError("expand_topk needs width, topk, depth, num_nodes >= 1")
 
@@ -228,11 +285,14 @@ def expand_topk(
     # preferred over a real node (they only fill slots, marked invalid, when nothing else is left).
     scores = jnp.full((b, w), -jnp.inf, jnp.float32).at[:, 0].set(0.0)
     fpool = jnp.full((b, w), -1, jnp.int32)  # pool index of each frontier node; -1 = the root
+    fpi = jnp.zeros((b, w), jnp.float32)  # predicted path log-probability (early stop only)
 
     def level(carry, d):
-        states, tokens, scores, fpool = carry
+        states, tokens, scores, fpool, fpi = carry
         logp, child_states = step(states, tokens)
-        vals, toks = jax.lax.top_k(logp.astype(jnp.float32), k)  # [B, W, k]
+        logp = logp.astype(jnp.float32)
+        vals, toks = jax.lax.top_k(logp, k)  # [B, W, k]
+        c_stats = children_stats(vals, scores, logp, d + 1).reshape(b, wk, n_stats)
         c_scores = (scores[..., None] + vals).reshape(b, wk)
         c_tokens = toks.reshape(b, wk).astype(jnp.int32)
         c_parent = jnp.broadcast_to(fpool[..., None], (b, w, k)).reshape(b, wk)
@@ -247,21 +307,26 @@ def expand_topk(
             ix = slot.reshape(slot.shape + (1,) * (x.ndim - 2))
             return jnp.take_along_axis(x, ix, axis=1)
 
+        c_pi = fpi if stop is None else (fpi[..., None] + stop[0](c_stats).reshape(b, w, k))
         new = (
             jax.tree.map(gather, child_states),
             jnp.take_along_axis(c_tokens, idx, axis=1),
             jnp.take_along_axis(c_scores, idx, axis=1),
             (d * wk + idx).astype(jnp.int32),
+            fpi if stop is None else jnp.take_along_axis(c_pi.reshape(b, wk), idx, axis=1),
         )
-        return new, (c_tokens, c_scores, c_parent, c_logp)
+        return new, (c_tokens, c_scores, c_parent, c_logp, c_stats)
 
-    _, (p_tok, p_score, p_parent, p_logp) = jax.lax.scan(
-        level, (states, tokens, scores, fpool), jnp.arange(depth, dtype=jnp.int32)
-    )
+    carry = (states, tokens, scores, fpool, fpi)
+    if stop is None:
+        _, pool = jax.lax.scan(level, carry, jnp.arange(depth, dtype=jnp.int32))
+    else:
+        pool = _levels_until_stopped(level, carry, depth, b, wk, n_stats, stop)
     # [D, B, W*k] -> [B, M] pool in level order, M = depth * W * k.
     p_tok, p_score, p_parent, p_logp = (
-        jnp.moveaxis(x, 0, 1).reshape(b, depth * wk) for x in (p_tok, p_score, p_parent, p_logp)
+        jnp.moveaxis(x, 0, 1).reshape(b, depth * wk) for x in pool[:4]
     )
+    p_stats = jnp.moveaxis(pool[4], 0, 1).reshape(b, depth * wk, n_stats)
     m = depth * wk
     p_depth = jnp.broadcast_to(jnp.arange(m, dtype=jnp.int32) // wk + 1, (b, m))
     if n - 1 > m:  # budget larger than the pool: pad with dummies that become invalid slots
@@ -271,6 +336,7 @@ def expand_topk(
         p_parent = jnp.pad(p_parent, ((0, 0), (0, pad)), constant_values=-1)
         p_logp = jnp.pad(p_logp, ((0, 0), (0, pad)), constant_values=-jnp.inf)
         p_depth = jnp.pad(p_depth, ((0, 0), (0, pad)), constant_values=1)
+        p_stats = jnp.pad(p_stats, ((0, 0), (0, pad), (0, 0)))
         m = n - 1
 
     if n > 1:
@@ -295,10 +361,13 @@ def expand_topk(
         s_depth = jnp.where(s_valid, jnp.take_along_axis(p_depth, sel, axis=1), 1)
         s_tok = jnp.where(s_valid, jnp.take_along_axis(p_tok, sel, axis=1), 0)
         s_prob = jnp.where(s_valid, jnp.exp(jnp.take_along_axis(p_logp, sel, axis=1)), 0.0)
+        s_stats = jnp.take_along_axis(p_stats, sel[..., None], axis=1)
+        s_stats = jnp.where(s_valid[..., None], s_stats, 0.0)
     else:
         s_score = s_prob = jnp.zeros((b, 0), jnp.float32)
         s_parent = s_depth = s_tok = jnp.zeros((b, 0), jnp.int32)
         s_valid = jnp.zeros((b, 0), bool)
+        s_stats = jnp.zeros((b, 0, n_stats), jnp.float32)
 
     def with_root(root_value, rest):
         return jnp.concatenate([jnp.full((b, 1), root_value, rest.dtype), rest], axis=1)
@@ -310,5 +379,48 @@ def expand_topk(
         valid=with_root(True, s_valid),
         draft_prob=with_root(1.0, s_prob.astype(jnp.float32)),
         draft_dist=None,
+        node_stats=jnp.concatenate([jnp.zeros((b, 1, n_stats), jnp.float32), s_stats], axis=1),
     )
     return tree, with_root(0.0, jnp.where(s_valid, s_score, -jnp.inf).astype(jnp.float32))
+
+
+def _levels_until_stopped(level, carry, depth: int, b: int, wk: int, n_stats: int, stop):
+    """expand_topk's levels in a lax.while_loop that ends once every row has stopped (see
+    expand_topk's `stop`). Returns the pool [D, B, W*k] (x4) and [D, B, W*k, S] like the scan's;
+    levels never reached hold score -inf (they become invalid slots)."""
+    node_logp, threshold_logp, block = stop
+    del node_logp  # used inside `level`
+    pool = (
+        jnp.zeros((depth, b, wk), jnp.int32),
+        jnp.full((depth, b, wk), -jnp.inf, jnp.float32),
+        jnp.full((depth, b, wk), -1, jnp.int32),
+        jnp.full((depth, b, wk), -jnp.inf, jnp.float32),
+        jnp.zeros((depth, b, wk, n_stats), jnp.float32),
+    )
+    drafting = jnp.ones((b,), bool)
+
+    def cond(c):
+        d, _, _, drafting = c
+        return (d < depth) & jnp.any(drafting)
+
+    def body(c):
+        d, carry, pool, drafting = c
+        new, out = level(carry, d)
+        states, tokens, scores, fpool, fpi = new
+        # Rows that stopped earlier add nothing at this level.
+        out = (
+            out[0],
+            jnp.where(drafting[:, None], out[1], -jnp.inf),
+            out[2],
+            out[3],
+            out[4],
+        )
+        pool = tuple(p.at[d].set(o) for p, o in zip(pool, out, strict=True))
+        hopeful = jnp.any((fpi >= threshold_logp) & jnp.isfinite(scores), axis=1)
+        checked = (d + 1) % block == 0
+        drafting = drafting & jnp.where(checked, hopeful, True)
+        scores = jnp.where(drafting[:, None], scores, -jnp.inf)
+        return d + 1, (states, tokens, scores, fpool, fpi), pool, drafting
+
+    _, _, pool, _ = jax.lax.while_loop(cond, body, (jnp.int32(0), carry, pool, drafting))
+    return pool

@@ -242,6 +242,9 @@ def _rows(target, prompts, sampling, methods, runners, timings, log) -> list[Row
             row.draft_nodes = row.chosen_tree
             row.predicted_tau = float(out.choice["predicted_tau"])
             row.predicted_speedup = float(out.choice["predicted_speedup"])
+        if out.pre_verifier_stops and out.draft_len:
+            # A pre-verifier decided per step: the budget, then the mean actually verified.
+            row.draft_nodes = f"{row.draft_nodes} -> {np.mean(out.draft_len):.1f}"
         rows.append(row)
         log(
             f"  {m.name}: tau {row.tau:.2f}, {row.tokens_per_s:.1f} tok/s, "

@@ -36,6 +36,8 @@ class Decoded:
     tau: list[float]
     accepted_hist: np.ndarray | None = None
     choice: dict | None = None  # SpecConfig.auto(): tree, predicted_tau, predicted_speedup
+    draft_len: list[float] | None = None  # draft nodes verified per step, per prompt
+    pre_verifier_stops: int = 0  # steps a drafter's pre-verifier cut, over all prompts
 
     @property
     def n_tokens(self) -> int:
@@ -136,7 +138,7 @@ class SpecjaxRunner(Runner):
         return jax.block_until_ready(out)
 
     def decoded(self) -> Decoded:
-        tokens, tau, hist, choice = [], [], None, None
+        tokens, tau, hist, choice, draft_len, stops = [], [], None, None, [], 0
         for o in self.outputs:
             n = int(o.lengths[0])
             tokens.append(np.asarray(o.tokens[0, :n]))
@@ -146,6 +148,16 @@ class SpecjaxRunner(Runner):
                 tau.append(float(o.stats["tau"][0]))
                 h = np.asarray(o.stats["accepted_hist"][0], np.int64)
                 hist = h if hist is None else hist + h
+                if "draft_len" in o.stats:
+                    draft_len.append(float(o.stats["draft_len"][0]))
+                    stops += int(o.stats["pre_verifier_stops"][0])
                 if "predicted_speedup" in o.stats:
                     choice = {k: o.stats[k] for k in ("tree", "predicted_tau", "predicted_speedup")}
-        return Decoded(tokens=tokens, tau=tau, accepted_hist=hist, choice=choice)
+        return Decoded(
+            tokens=tokens,
+            tau=tau,
+            accepted_hist=hist,
+            choice=choice,
+            draft_len=draft_len or None,
+            pre_verifier_stops=stops,
+        )

@@ -87,6 +87,9 @@ class FeatureDrafter(nnx.Module):
     def __init__(self, net: DrafterNet, target):
         self.net = net
         self.check_compatible(target)
+        # A trained PreVerifier (specjax.models.pre_verifier) may be set here later (load_drafter
+        # does when the checkpoint has one); declared as data so that a module can replace None.
+        self.pre_verifier = nnx.data(None)
         # The target's last hidden state (before the final norm), at the prompt and every node.
         self.feature_layers = (target.config.n_layers,)
         w = target.embed[...].T if target.config.tie_embeddings else target.lm_head[...]
@@ -182,6 +185,9 @@ class FeatureDrafter(nnx.Module):
             state, parts, ctx, root_emb, depth, sampling
         )
         b = ctx.root.shape[0]
+        pv = self.pre_verifier
+        # With a pre-verifier, drafting stops once no frontier node is worth verifying.
+        stop = None if pv is None else (pv.node_logp, pv.threshold_logp[...], pv.shape.block)
         # expand_topk works in draft-vocabulary ids; the root is not one (index 0 stands for it
         # and the step functions read the root's embedding from depth == 0).
         tree, _ = expand_topk(
@@ -192,6 +198,7 @@ class FeatureDrafter(nnx.Module):
             width=topk,
             topk=topk,
             num_nodes=n_nodes,
+            stop=stop,
         )
         node = jnp.arange(n_nodes)[None, :]
         tokens = jnp.where(node == 0, ctx.root[:, None], self.net.draft_vocab[...][tree.tokens])

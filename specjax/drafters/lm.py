@@ -17,7 +17,14 @@ from specjax.cache import KVCache, commit_path, init_cache
 from specjax.config import SamplingConfig, SpecConfig, TreeConfig
 from specjax.drafters.base import RootContext
 from specjax.sampling import apply_sampling
-from specjax.tree import Acceptance, DraftTree, causal_mask, static_ancestor_mask
+from specjax.tree import (
+    NODE_STATS,
+    Acceptance,
+    DraftTree,
+    causal_mask,
+    children_stats,
+    static_ancestor_mask,
+)
 
 
 def tree_constants(tree_cfg: TreeConfig, batch: int) -> tuple[jax.Array, jax.Array]:
@@ -83,6 +90,9 @@ class LMDrafter(nnx.Module):
         self.draft_model = draft_model
         self.self_draft_layers = n_layers
         self.exit_logits = exit_logits  # ExitLogits, or None: the target's own final norm + head
+        # A trained PreVerifier (specjax.models.pre_verifier) may be set here later; declared as
+        # data so that a module can replace the None.
+        self.pre_verifier = nnx.data(None)
 
     @classmethod
     def self_draft(cls, n_layers: int) -> LMDrafter:
@@ -182,6 +192,8 @@ class LMDrafter(nnx.Module):
         prob = jnp.ones((b, n), jnp.float32)
         vocab = target.config.vocab_size
         dist = jnp.zeros((b, n, vocab), jnp.float32)
+        cum = jnp.zeros((b, n), jnp.float32)  # cumulative draft log q of each node's path
+        stats = jnp.zeros((b, n, len(NODE_STATS)), jnp.float32)
         keys = jax.vmap(lambda k: jax.random.split(k, tree_cfg.max_depth))(keys)  # [B, D]
         for d, c in enumerate(tree_cfg.branching):
             block = jnp.concatenate([ctx.prev[:, None], tokens], axis=1)
@@ -196,6 +208,15 @@ class LMDrafter(nnx.Module):
             tokens = tokens.at[:, start : start + width * c].set(child_tokens.reshape(b, -1))
             prob = prob.at[:, start : start + width * c].set(child_prob.reshape(b, -1))
             dist = dist.at[:, lo : lo + width].set(q)
+            # The pre-verifier's statistics, from the untempered distribution when greedy (q is
+            # one-hot there).
+            logq = jnp.log(q) if not sampling.greedy else jax.nn.log_softmax(frontier_logits)
+            child_logq = jnp.take_along_axis(logq, child_tokens, axis=-1)  # [B, W, c]
+            level_stats = children_stats(child_logq, cum[:, lo : lo + width], logq, d + 1)
+            stats = stats.at[:, start : start + width * c].set(
+                level_stats.reshape(b, width * c, -1)
+            )
+            cum = cum.at[:, start : start + width * c].set(level_stats[..., 1].reshape(b, -1))
         tree = DraftTree(
             tokens=tokens,
             parents=parents,
@@ -203,6 +224,7 @@ class LMDrafter(nnx.Module):
             valid=jnp.ones((b, n), bool),
             draft_prob=prob,
             draft_dist=dist,
+            node_stats=stats,
         )
         # The last forward wrote every node's K/V except the deepest level's; commit moves the
         # accepted ones into place (a fully accepted deepest node is refed next step as `prev`).

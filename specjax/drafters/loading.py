@@ -7,6 +7,8 @@ import warnings
 from pathlib import Path
 
 from specjax.drafters.feature import EagleDrafter, FeatureDrafter, HiddenStateDrafter
+from specjax.models.pre_verifier import FOLDER as PV_FOLDER
+from specjax.models.pre_verifier import load_pre_verifier
 from specjax.train.checkpoint import (
     FINGERPRINT_SCHEME,
     load_drafter_net,
@@ -60,6 +62,7 @@ def load_drafter(
     strict: bool = True,
     reuse: bool = True,
     fresh_slots: int | None = None,
+    pre_verifier: bool | None = None,
 ):
     """A Drafter (HiddenStateDrafter or EagleDrafter) from a drafter directory, bound to
     `target` (a specjax Llama, or a specjax.Loaded).
@@ -71,7 +74,10 @@ def load_drafter(
     the same shapes but other weights (the header's target_fingerprint, see
     specjax.train.checkpoint.target_fingerprint; strict=False warns and loads it). Headers
     without a fingerprint load with a warning. reuse / fresh_slots: the mdc draft-reuse switches
-    (see HiddenStateDrafter; None: its default)."""
+    (see HiddenStateDrafter; None: its default). pre_verifier: attach the trained pre-verifier
+    kept in the directory's pre_verifier/ folder (specjax.models.pre_verifier: drafts and
+    verifies only the nodes it expects to be accepted); None (default): when there is one,
+    True: raise ValueError when there is none, False: never."""
     model = getattr(target, "model", target)
     header = read_header(path)
     net = load_drafter_net(path)
@@ -81,6 +87,14 @@ def load_drafter(
         drafter = HiddenStateDrafter(net, model, reuse=reuse, **fresh)
     else:
         drafter = EagleDrafter(net, model)
+    pv_folder = Path(path) / PV_FOLDER
+    if pre_verifier or (pre_verifier is None and pv_folder.exists()):
+        if not pv_folder.exists():
+            raise ValueError(
+                f"{path}: no pre-verifier ({PV_FOLDER}/ is missing); train one with "
+                "experiments/train_pre_verifier.py, or pass pre_verifier=False"
+            )
+        drafter.pre_verifier = load_pre_verifier(pv_folder)
     # Where its acceptance profile (acceptance.json) lives: SpecConfig.auto() reads it.
     drafter.checkpoint_dir = str(Path(path).resolve())
     return drafter

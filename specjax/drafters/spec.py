@@ -3,7 +3,8 @@
 "self:K" self-drafts with the target's first K layers; "exit:DIR" self-drafts with the draft
 exit of an exit-heads directory (checkpoints/<target>-hispec); a path to a checkpoint is a draft
 model sharing the target's vocabulary; a directory with drafter.json is a trained feature drafter,
-optionally with an ablation switch: "DIR:noreuse", "DIR:freshN".
+optionally with an ablation switch: "DIR:noreuse", "DIR:freshN", "DIR:nopv" (without its
+trained pre-verifier).
 """
 
 from __future__ import annotations
@@ -48,10 +49,13 @@ def is_feature_drafter(spec: str) -> bool:
 
 def split_drafter_switch(spec: str) -> tuple[str, dict]:
     """Ablation switches of a trained hidden-state drafter, spelled DIR:SWITCH:
-    "DIR:noreuse" -> (DIR, {"reuse": False}); "DIR:fresh2" -> (DIR, {"fresh_slots": 2})."""
+    "DIR:noreuse" -> (DIR, {"reuse": False}); "DIR:fresh2" -> (DIR, {"fresh_slots": 2});
+    "DIR:nopv" -> (DIR, {"pre_verifier": False})."""
     head, _, switch = spec.rpartition(":")
     if head and switch == "noreuse":
         return head, {"reuse": False}
+    if head and switch == "nopv":
+        return head, {"pre_verifier": False}
     if head and switch.startswith("fresh") and switch[5:].isdigit():
         return head, {"fresh_slots": int(switch[5:])}
     return spec, {}

@@ -1,0 +1,66 @@
+"""PACER's pre-verifier measured: each trained drafter with its pre-verifier (checkpoints/
+<drafter>/pre_verifier, trained by experiments/train_pre_verifier.py) against the same drafter
+without it, at the best fixed setting the hardware-aware default picks (SpecConfig.auto(),
+no fallback to plain decoding) and at fixed trees. Same harness as experiments/bench.py
+(interleaved repetitions in one process, specjax autoregressive decoding as the baseline,
+greedy output compared token for token). Writes experiments/results/pacer.md.
+
+    python experiments/pacer.py                                  # both targets, T = 0
+    python experiments/pacer.py --targets smollm2 --datasets mt_bench qa
+
+The pre-verifier prunes a generous tree (31 nodes, depth 6, top-8: the budget the trained
+drafters were first benchmarked with; and 15 nodes, depth 5, top-4, cheaper to draft) to the
+nodes it expects to be accepted and verifies the smallest of a few static node counts that
+holds them; draft nodes "N -> m" in the table give
+the budget and the mean number verified.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+from bench_suites import FEATURE_TREE, SUITES
+
+from specjax.bench import AR, SPEC, Dataset, Method, main
+from specjax.config import TreeConfig
+from specjax.paths import SMOLLM2_EAGLE, SMOLLM2_MDC, STORIES260K_EAGLE, STORIES260K_MDC
+
+RESULTS = Path(__file__).resolve().parent / "results"
+SMALL_TREE = TreeConfig.dynamic(7, 3, 4)
+MID_TREE = TreeConfig.dynamic(15, 5, 4)  # a budget with top-4 levels: cheaper to draft
+
+
+def methods(drafters):
+    """Per drafter: the default's best fixed tree and two fixed trees without the pre-verifier,
+    and two budgets with it."""
+    rows = [Method(kind=AR)]
+    for d in drafters:
+        rows.append(Method(kind=SPEC, drafter=f"{d}:nopv", auto=True, auto_fallback=False))
+        rows.append(Method(kind=SPEC, drafter=f"{d}:nopv", tree=SMALL_TREE))
+        rows.append(Method(kind=SPEC, drafter=f"{d}:nopv", tree=FEATURE_TREE))
+        rows.append(Method(kind=SPEC, drafter=d, tree=FEATURE_TREE))
+        rows.append(Method(kind=SPEC, drafter=d, tree=MID_TREE))
+    return tuple(rows)
+
+
+PACER_SUITES = {
+    "stories260K": dataclasses.replace(
+        SUITES["stories260K"], methods=methods((STORIES260K_EAGLE, STORIES260K_MDC))
+    ),
+    "smollm2": dataclasses.replace(
+        SUITES["smollm2"],
+        datasets=(Dataset.named("mt_bench", 8, 64), Dataset.named("qa", 8, 64)),
+        methods=methods((SMOLLM2_EAGLE, SMOLLM2_MDC)),
+    ),
+}
+
+if __name__ == "__main__":
+    sys.exit(
+        main(
+            default_out=RESULTS / "pacer.md",
+            prog="python experiments/pacer.py",
+            suites=PACER_SUITES,
+        )
+    )

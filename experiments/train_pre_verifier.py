@@ -1,0 +1,196 @@
+"""Train a drafter's pre-verifier (PACER; specjax.models.pre_verifier) and keep it in the
+drafter's checkpoint folder (DIR/pre_verifier/), with its calibration in the drafter's CARD.md
+and in experiments/results/pre_verifier_<drafter>.md (+ a calibration plot).
+
+    python experiments/train_pre_verifier.py --drafter checkpoints/stories260K-eagle
+    python experiments/train_pre_verifier.py --drafter checkpoints/smollm2-eagle
+
+Labels: greedy speculative decoding with the collection tree on held-in prompts
+(specjax.calibration.held_in_prompts: the project's broad prompt generator in the chat template
+for SmolLM2, TinyStories training paragraphs for stories260K); the last fifth of the prompts is
+held out for the calibration figures. MT-bench's first turns are used for evaluation only (AUC
+and calibration on them; nothing is fitted there). The threshold is the one whose replay on the
+held-out steps (specjax.train.pre_verifier.simulate) gives the most tokens per second under
+this machine's measured costs (specjax.autotune).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import numpy as np
+
+import specjax
+from specjax import autotune
+from specjax.benchmark import cpu_model
+from specjax.calibration import held_in_prompts, update_card
+from specjax.config import TreeConfig
+from specjax.models.pre_verifier import FOLDER, PreVerifierConfig, save_pre_verifier
+from specjax.paths import SMOLLM2, STORIES260K, repo_dir, shared_path
+from specjax.train import pre_verifier as pvt
+
+RESULTS = Path(__file__).resolve().parent / "results"
+THRESHOLDS = (0.0, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
+
+
+def say(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def eval_prompts(tokenizer, n: int) -> list[list[int]]:
+    """MT-bench first turns in the chat template (evaluation only)."""
+    from specjax.bench.prompts import Dataset
+
+    return [list(p.ids) for p in Dataset.named("mt_bench", n, 64).load(tokenizer).prompts]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--drafter", required=True, help="a trained feature drafter directory")
+    ap.add_argument("--tree", default="31,6,8", help="collection tree N,DEPTH,TOPK")
+    ap.add_argument("--prompts", type=int, default=40, help="held-in prompts (1/5 held out)")
+    ap.add_argument("--eval-prompts", type=int, default=16, help="MT-bench prompts (chat only)")
+    ap.add_argument("--max-new", type=int, default=64)
+    ap.add_argument("--steps", type=int, default=3000, help="training steps")
+    ap.add_argument("--block", type=int, default=1, help="levels drafted between checks (b)")
+    args = ap.parse_args()
+
+    folder = Path(args.drafter)
+    folder = folder if folder.exists() else repo_dir() / args.drafter
+    chat = "smollm2" in folder.name.lower()
+    target = specjax.load(shared_path(SMOLLM2 if chat else STORIES260K))
+    drafter = specjax.load_drafter(folder, target.model, pre_verifier=False)
+    nodes, depth, topk = (int(x) for x in args.tree.split(","))
+    config = specjax.SpecConfig(tree=TreeConfig.dynamic(nodes, depth, topk))
+    eos = target.tokenizer.eos_id
+
+    prompts, description = held_in_prompts("chat" if chat else "story", target.tokenizer,
+                                            n=args.prompts)  # fmt: skip
+    n_train = len(prompts) * 4 // 5
+    t0 = time.time()
+    record = dict(config=config, max_new_tokens=args.max_new, eos_id=eos, progress=say)
+    train_rec = pvt.record_steps(target.model, drafter, prompts[:n_train], **record)
+    held_rec = pvt.record_steps(target.model, drafter, prompts[n_train:], **record)
+    eval_rec = []
+    if chat and args.eval_prompts:
+        eval_rec = pvt.record_steps(
+            target.model, drafter, eval_prompts(target.tokenizer, args.eval_prompts), **record
+        )
+    record_s = time.time() - t0
+    x, y = pvt.node_labels(train_rec)
+    say(f"{len(y)} labelled nodes ({y.mean():.3f} accepted) from {len(train_rec)} row-steps")
+
+    t0 = time.time()
+    pv = pvt.train_pre_verifier(
+        x, y, config=PreVerifierConfig(block=args.block), steps=args.steps, progress=say
+    )
+    train_s = time.time() - t0
+
+    sets = {"held-out": held_rec} | ({"MT-bench (evaluation only)": eval_rec} if eval_rec else {})
+    quality = {}
+    for name, recs in sets.items():
+        xs, ys = pvt.node_labels(recs)
+        p = pvt.predict(pv, xs)
+        base = pvt.auc(-np.abs(xs[:, 0]), ys)  # the draft probability alone, for comparison
+        quality[name] = (len(ys), pvt.auc(p, ys), base, pvt.calibration_bins(p, ys))
+
+    verify = autotune.verify_costs(target.model, with_ar=False)
+    draft = autotune.draft_costs(target.model, drafter, verify, topks=(topk,))
+
+    def t_draft(levels: int) -> float:
+        return draft.t_draft(TreeConfig.dynamic(nodes, levels, topk))
+
+    sims = [pvt.simulate(None, held_rec, 0.0, t_verify=verify.t_verify, t_draft=t_draft)]
+    sims += [pvt.simulate(pv, held_rec, t, t_verify=verify.t_verify, t_draft=t_draft)
+             for t in THRESHOLDS]  # fmt: skip
+    best = max(sims[1:], key=lambda s: s.tokens_per_second)
+    pv = pv.with_settings(threshold=best.threshold)
+    held_auc = quality["held-out"][1]
+    card = {
+        "drafter": folder.name,
+        "collection_tree": args.tree,
+        "block": args.block,
+        "threshold": best.threshold,
+        "held_out_auc": held_auc,
+        "labelled_nodes": int(len(y)),
+        "prompts": description,
+    }
+    save_pre_verifier(pv, folder / FOLDER, card=card)
+
+    lines = [
+        f"## Pre-verifier ({FOLDER}/)",
+        "",
+        f"Trained by `python experiments/train_pre_verifier.py --drafter {args.drafter}` on "
+        f"{len(y)} labelled nodes from greedy decoding with dynamic({args.tree}) on "
+        f"{n_train} held-in prompts ({description}); {args.steps} steps, "
+        f"{train_s:.0f} s (+{record_s:.0f} s recording). Block b = {args.block} level(s); "
+        f"threshold {best.threshold} (the best replayed tokens/s on the held-out prompts).",
+        "",
+        "| prompts | labelled nodes | AUC | AUC of the draft probability alone |",
+        "|---|---|---|---|",
+    ]
+    lines += [f"| {k} | {n} | {a:.3f} | {b:.3f} |" for k, (n, a, b, _) in quality.items()]
+    lines += [
+        "",
+        "Calibration (held-out): predicted vs observed P(accepted | parent accepted)",
+        "",
+        "| predicted | nodes | mean predicted | observed |",
+        "|---|---|---|---|",
+    ]
+    lines += [f"| {lo:.1f}-{hi:.1f} | {c} | {mp:.3f} | {ob:.3f} |"
+              for lo, hi, c, mp, ob in quality["held-out"][3]]  # fmt: skip
+    section = "\n".join(lines) + "\n"
+    update_card(folder, section, heading=f"Pre-verifier ({FOLDER}/)")
+
+    out = RESULTS / f"pre_verifier_{folder.name}.md"
+    rows = [
+        f"# Pre-verifier of {folder.name}",
+        "",
+        f"- host: {cpu_model()}, jax {__import__('jax').__version__}",
+        f"- `python experiments/train_pre_verifier.py --drafter {args.drafter}`",
+        "",
+        section,
+        "## Replay of the held-out steps (greedy; costs measured on this machine)",
+        "",
+        "Tokens per step (tau), draft nodes verified, verified bucket, drafted levels and "
+        "predicted tokens/s of each threshold, from the recorded steps (exact for greedy: the "
+        "pruned tree accepts the longest kept prefix of the recorded path).",
+        "",
+        "| threshold | tau | draft nodes | bucket | levels | predicted tok/s | vs none |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for s in sims:
+        name = "none" if s is sims[0] else f"{s.threshold}"
+        ratio = s.tokens_per_second / sims[0].tokens_per_second
+        rows.append(
+            f"| {name} | {s.tau:.2f} | {s.draft_len:.1f} | {s.bucket:.1f} | {s.depth:.1f} "
+            f"| {s.tokens_per_second:.1f} | {ratio:.2f}x |"
+        )
+    out.write_text("\n".join(rows) + "\n")
+    plot_calibration(quality, RESULTS / f"pre_verifier_{folder.name}.png")
+    say(f"wrote {folder / FOLDER}, {out}; threshold {best.threshold}, AUC {held_auc:.3f}")
+
+
+def plot_calibration(quality: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(4.5, 4))
+    ax.plot([0, 1], [0, 1], color="grey", lw=0.8, ls="--")
+    for name, (_, a, _, bins) in quality.items():
+        ax.plot(
+            [b[3] for b in bins], [b[4] for b in bins], marker="o", label=f"{name} (AUC {a:.2f})"
+        )
+    ax.set_xlabel("predicted P(accepted | parent accepted)")
+    ax.set_ylabel("observed")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    main()

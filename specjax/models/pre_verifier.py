@@ -1,0 +1,194 @@
+"""PACER-style pre-verifier: a small trained network that predicts, for every drafted node, the
+probability that the target accepts it given that it accepts the node's parent.
+
+Axis letters: B batch, N tree nodes, S = len(NODE_STATS) drafting statistics, F features,
+H hidden width.
+
+It reads only what the drafter knew when it drafted the node (DraftTree.node_stats: the node's
+draft log-probability and cumulative log-probability, the parent distribution's top-1
+log-probability and entropy, the node's rank among its siblings, its depth), so one network
+shape serves every drafter kind (draft model, self-draft, HiSpec's draft exit, eagle, mdc); each
+drafter gets its own trained weights. The product of these probabilities along a path predicts
+that the whole path is accepted; the engine keeps the nodes whose predicted path probability
+reaches `threshold` and verifies the smallest static node bucket that holds them
+(specjax.pre_verify). It decides only how much is drafted and verified, never what is accepted:
+the output distribution is the target's whatever it predicts.
+
+Network: SpecDec++'s acceptance head shape (residual blocks x + SiLU(Wx) between an input and an
+output projection) over the features below.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from specjax.tree import NODE_STATS
+
+RANKS = 4  # rank one-hot: 0, 1, 2, 3 or more
+FORMAT = "specjax-pre-verifier"
+VERSION = 1
+FOLDER = "pre_verifier"  # inside a drafter's checkpoint directory
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PreVerifierConfig:
+    """hidden: width H; blocks: residual blocks; max_depth: depth one-hot size (deeper nodes
+    share the last slot); threshold: keep a node when its predicted path probability is at
+    least this (0: keep everything); block: drafting checks whether to go on after every
+    `block` levels (PACER's block size b); buckets: the static node counts verification may
+    run on (() -> default_buckets of the tree's node count)."""
+
+    hidden: int = 32
+    blocks: int = 2
+    max_depth: int = 8
+    threshold: float = 0.3
+    block: int = 1
+    buckets: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        if not 0.0 <= self.threshold < 1.0:
+            raise ValueError(f"pre-verifier threshold must be in [0, 1), got {self.threshold}")
+        if self.block < 1 or self.hidden < 1 or self.max_depth < 1:
+            raise ValueError("pre-verifier hidden, max_depth and block must be >= 1")
+        if any(b < 1 for b in self.buckets):
+            raise ValueError(f"pre-verifier buckets must be >= 1, got {self.buckets}")
+
+    @property
+    def feature_dim(self) -> int:
+        return 6 + RANKS + self.max_depth
+
+
+def features(stats: jax.Array, max_depth: int) -> jax.Array:
+    """[..., S] NODE_STATS -> [..., F] network input (scaled to order one; depth and rank as
+    one-hots, the probabilities themselves next to their logs)."""
+    col = {name: stats[..., i] for i, name in enumerate(NODE_STATS)}
+    logq, cum, top1 = col["logq"], col["cum_logq"], col["parent_top1_logq"]
+    rank = jnp.clip(col["rank"].astype(jnp.int32), 0, RANKS - 1)
+    depth = jnp.clip(col["depth"].astype(jnp.int32) - 1, 0, max_depth - 1)
+    dense = jnp.stack(
+        [logq / 4, jnp.exp(logq), cum / 8, top1 / 4, jnp.exp(top1), col["parent_entropy"] / 4],
+        axis=-1,
+    )
+    one_hots = [jax.nn.one_hot(rank, RANKS), jax.nn.one_hot(depth, max_depth)]
+    return jnp.concatenate([dense] + one_hots, axis=-1)
+
+
+class Threshold(nnx.Variable):
+    """The keep threshold, as log probability: a traced value (not trained), so that trying
+    another threshold does not recompile the speculative loop."""
+
+
+class PreVerifier(nnx.Module):
+    """P(node accepted | parent accepted) from the node's drafting statistics.
+
+    The network shape, max_depth, block and buckets are static (part of the compiled program);
+    the threshold is a Threshold variable (set_threshold)."""
+
+    def __init__(self, config: PreVerifierConfig = PreVerifierConfig(), *, rngs: nnx.Rngs):
+        self.shape = dataclasses.replace(config, threshold=0.0)  # static part of the config
+        h = config.hidden
+        self.proj_in = nnx.Linear(config.feature_dim, h, rngs=rngs)
+        self.blocks = nnx.List([nnx.Linear(h, h, rngs=rngs) for _ in range(config.blocks)])
+        self.proj_out = nnx.Linear(h, 1, rngs=rngs)
+        self.threshold_logp = Threshold(jnp.float32(0.0))
+        self.set_threshold(config.threshold)
+
+    @property
+    def config(self) -> PreVerifierConfig:
+        """The full config, with the current threshold."""
+        t = float(np.exp(np.asarray(self.threshold_logp[...])))
+        return dataclasses.replace(self.shape, threshold=round(t, 6))
+
+    def set_threshold(self, threshold: float) -> None:
+        """Keep nodes whose predicted path probability is at least `threshold` (in [0, 1))."""
+        PreVerifierConfig(threshold=threshold)  # validates
+        value = np.log(threshold) if threshold > 0 else -np.inf
+        self.threshold_logp.set_value(jnp.float32(value))
+
+    def logits(self, stats: jax.Array) -> jax.Array:
+        """stats [..., S] -> [...] logit of P(accepted | parent accepted)."""
+        x = self.proj_in(features(stats.astype(jnp.float32), self.shape.max_depth))
+        for layer in self.blocks:
+            x = x + jax.nn.silu(layer(x))
+        return self.proj_out(x)[..., 0]
+
+    def node_logp(self, stats: jax.Array) -> jax.Array:
+        """stats [..., S] -> [...] log P(accepted | parent accepted) (<= 0)."""
+        return jax.nn.log_sigmoid(self.logits(stats))
+
+    def with_settings(self, **changes) -> PreVerifier:
+        """A copy with the same weights and other settings (threshold, block, buckets)."""
+        fields = {"threshold", "block", "buckets"}
+        if not set(changes) <= fields:
+            raise ValueError(f"only {sorted(fields)} can change on a trained pre-verifier")
+        config = dataclasses.replace(self.config, **changes)  # validates
+        graph, state = nnx.split(self)
+        copy = nnx.merge(graph, state)
+        copy.shape = dataclasses.replace(config, threshold=0.0)
+        copy.set_threshold(config.threshold)
+        return copy
+
+
+def save_pre_verifier(pv: PreVerifier, folder: str | Path, *, card: dict | None = None) -> Path:
+    """Write pv to folder (pre_verifier.json + orbax params/); card: measured figures kept in
+    the header (calibration, AUC)."""
+    folder = Path(folder).resolve()
+    folder.mkdir(parents=True, exist_ok=True)
+    params = jax.tree.map(np.asarray, nnx.to_pure_dict(nnx.state(pv, nnx.Param)))
+    import orbax.checkpoint as ocp  # imported on use: it is slow to import
+
+    with ocp.StandardCheckpointer() as ckptr:
+        ckptr.save(folder / "params", params, force=True)
+    cfg = dataclasses.asdict(pv.config)
+    header = {"format": FORMAT, "version": VERSION, "config": cfg, "card": card or {}}
+    (folder / "pre_verifier.json").write_text(json.dumps(header, indent=2) + "\n")
+    return folder
+
+
+def read_pre_verifier_header(folder: str | Path) -> dict:
+    folder = Path(folder)
+    try:
+        header = json.loads((folder / "pre_verifier.json").read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{folder}: no readable pre_verifier.json ({e})") from e
+    if header.get("format") != FORMAT:
+        raise ValueError(
+            f"{folder}: not a pre-verifier directory (format {header.get('format')!r})"
+        )
+    return header
+
+
+def load_pre_verifier(folder: str | Path) -> PreVerifier:
+    """A PreVerifier from a folder written by save_pre_verifier (ValueError naming the folder for
+    a bad header or damaged params)."""
+    folder = Path(folder).resolve()
+    header = read_pre_verifier_header(folder)
+    cfg = dict(header["config"])
+    cfg["buckets"] = tuple(cfg.get("buckets", ()))
+    try:
+        config = PreVerifierConfig(**cfg)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{folder}: bad pre-verifier config ({e})") from e
+    pv = PreVerifier(config, rngs=nnx.Rngs(0))
+    abstract = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
+        nnx.to_pure_dict(nnx.state(pv, nnx.Param)),
+    )
+    import orbax.checkpoint as ocp
+
+    try:
+        with ocp.StandardCheckpointer() as ckptr:
+            params = ckptr.restore(folder / "params", abstract)
+    except Exception as e:  # orbax / tensorstore raise many types for damaged files
+        raise ValueError(f"{folder / 'params'}: could not be restored ({type(e).__name__})") from e
+    state = nnx.state(pv, nnx.Param)
+    nnx.replace_by_pure_dict(state, jax.tree.map(jnp.asarray, params))
+    nnx.update(pv, state)
+    return pv

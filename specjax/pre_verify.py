@@ -1,0 +1,136 @@
+"""Pre-verification inside the speculative step (PACER): keep the drafted nodes a trained
+pre-verifier expects the target to accept, and verify them on the smallest of a few static node
+counts.
+
+Axis letters: B batch, N tree nodes (the configured budget), n a bucket's node count,
+P = max_depth + 1 path slots, M model dim.
+
+Why this stays lossless: which nodes are kept depends only on the drafter's outputs
+(DraftTree.node_stats), never on the target's, and the kept set is closed under parents, so the
+verified tree is just a smaller draft tree. For deterministic (top-k) children any such subset
+is verified exactly by the same rules. Children sampled from q are different: dropping a
+sampled child because of its own token would bias the output (the rule assumes it is a draw
+from q), so the engine pre-verifies only trees whose children are deterministic (greedy
+decoding, and feature drafters at any temperature; see SpeculativeLoop.pre_verifies).
+
+Static shapes: the kept nodes are moved to the front of the tree (in topological order), the
+batch's largest kept count picks a bucket, and `lax.switch` runs the verifier on the first n
+nodes of that bucket; its outputs are padded back to N nodes. The acceptance comes back in the
+compacted indices (what the verifier's commit needs) and is mapped back to the drafter's own
+node indices for the drafter's commit.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from specjax.tree import Acceptance, DraftTree, ancestor_mask
+
+
+def default_buckets(num_nodes: int) -> tuple[int, ...]:
+    """Node counts verification may run on: 1 (the root alone: a plain decoding step), the
+    powers of two from 4 below N, and N. (2 is left out: on a CPU a 2-token forward costs about
+    as much as a 4-token one, see experiments/results/bench.md's t(N).)"""
+    sizes = {1, num_nodes}
+    n = 4
+    while n < num_nodes:
+        sizes.add(n)
+        n *= 2
+    return tuple(sorted(sizes))
+
+
+def path_logp(node_logp: jax.Array, parents: jax.Array, max_depth: int) -> jax.Array:
+    """[B, N] log of the predicted probability that the whole path from the root to each node is
+    accepted: the sum of node_logp [B, N] over the node and its ancestors (the root's is 0).
+    parents [B, N] in topological order; max_depth static (that many sweeps settle every node)."""
+    node_logp = node_logp.at[:, 0].set(0.0)
+    pi = node_logp
+    parent = jnp.maximum(parents, 0)
+    for _ in range(max_depth):
+        pi = node_logp + jnp.where(parents >= 0, jnp.take_along_axis(pi, parent, axis=1), 0.0)
+    return pi
+
+
+def keep_mask(tree: DraftTree, pv, live: jax.Array, max_depth: int) -> jax.Array:
+    """[B, N] nodes to verify: valid nodes whose predicted path probability reaches the
+    pre-verifier's threshold, and the root; rows no longer live keep only the root."""
+    pi = path_logp(pv.node_logp(tree.node_stats), tree.parents, max_depth)
+    keep = tree.valid & (pi >= pv.threshold_logp[...])
+    root = jnp.arange(tree.num_nodes)[None, :] == 0
+    return jnp.where(live[:, None], keep | root, root)
+
+
+def compact(tree: DraftTree, keep: jax.Array) -> tuple[DraftTree, jax.Array]:
+    """Move the kept nodes to the front, each group in its original (topological) order.
+
+    Returns (tree, order): order [B, N] original index of each compacted node; nodes not kept
+    are invalid. Parents stay before children: kept parents precede every dropped node, and
+    dropped nodes keep their relative order."""
+    order = jnp.argsort(~keep, axis=1, stable=True).astype(jnp.int32)
+    inverse = jnp.argsort(order, axis=1).astype(jnp.int32)
+
+    def take(x):
+        ix = order.reshape(order.shape + (1,) * (x.ndim - 2))
+        return jnp.take_along_axis(x, ix, axis=1)
+
+    parents = take(tree.parents)
+    parents = jnp.where(
+        parents >= 0, jnp.take_along_axis(inverse, jnp.maximum(parents, 0), axis=1), -1
+    )
+    compacted = DraftTree(
+        tokens=take(tree.tokens),
+        parents=parents,
+        depth=take(tree.depth),
+        valid=take(keep),
+        draft_prob=take(tree.draft_prob),
+        draft_dist=None if tree.draft_dist is None else take(tree.draft_dist),
+        node_stats=None if tree.node_stats is None else take(tree.node_stats),
+    )
+    return compacted, order
+
+
+def bucket_index(n_kept: jax.Array, buckets: tuple[int, ...]) -> jax.Array:
+    """Index of the smallest bucket holding max(n_kept [B]) nodes."""
+    return jnp.sum(jnp.asarray(buckets) < jnp.max(n_kept))
+
+
+def first_nodes(tree: DraftTree, n: int) -> DraftTree:
+    """The tree's first n nodes (a parent-closed prefix of a topological order)."""
+    return jax.tree.map(lambda x: x[:, :n], tree)
+
+
+def pad_nodes(x: jax.Array, num_nodes: int) -> jax.Array:
+    """[B, n, ...] -> [B, N, ...] with zeros after the first n nodes."""
+    pad = [(0, 0), (0, num_nodes - x.shape[1])] + [(0, 0)] * (x.ndim - 2)
+    return jnp.pad(x, pad)
+
+
+def verify_in_buckets(verifier, state, target, tree: DraftTree, keys, buckets, **kwargs):
+    """verifier.verify on the first `bucket` nodes of the compacted tree, the bucket chosen
+    from the batch's kept counts; the Verification's hidden states are padded back to N."""
+    n_full = tree.num_nodes
+    index = bucket_index(jnp.sum(tree.valid, axis=1), buckets)
+
+    def branch(n):
+        def run(operands):
+            state, tree, keys = operands
+            sub = first_nodes(tree, n)
+            v = verifier.verify(state, target, sub, ancestor_mask(sub.parents), keys, **kwargs)
+            return v.replace(hidden={i: pad_nodes(h, n_full) for i, h in v.hidden.items()})
+
+        return run
+
+    verification = jax.lax.switch(index, [branch(n) for n in buckets], (state, tree, keys))
+    return verification, jnp.asarray(buckets, jnp.int32)[index]
+
+
+def to_drafter_indices(acceptance: Acceptance, order: jax.Array) -> Acceptance:
+    """The acceptance path in the drafter's node indices (order from compact)."""
+    return acceptance.replace(path=jnp.take_along_axis(order, acceptance.path, axis=1))
+
+
+def hidden_to_drafter_order(hidden: dict, order: jax.Array) -> dict:
+    """Verification hidden states {i: [B, N, M]} in compacted order -> the drafter's order."""
+    inverse = jnp.argsort(order, axis=1)
+    return {i: jnp.take_along_axis(h, inverse[:, :, None], axis=1) for i, h in hidden.items()}

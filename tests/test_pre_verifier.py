@@ -1,0 +1,296 @@
+"""The pre-verifier (PACER): pruning and bucketed verification stay lossless, early-stopped
+drafting keeps what pruning would keep, the statistics count what happened, and the trained
+module round-trips through its checkpoint folder.
+
+Random pre-verifiers are used (any pre-verifier must leave the output unchanged); their output
+layer is scaled up so that their predictions spread over (0, 1) and a threshold cuts some
+drafts and not others.
+"""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from test_feature_drafter import make_drafter
+from test_lossless_e2e import (
+    CFG,
+    N_ROWS,
+    PROMPT,
+    distribution_mismatch,
+    empirical_joint,
+    exact_joint,
+    sharpened,
+)
+
+import specjax
+from specjax import pre_verify
+from specjax.config import TINY, ModelConfig, SamplingConfig, SpecConfig, TreeConfig
+from specjax.drafters.lm import LMDrafter
+from specjax.models.pre_verifier import (
+    PreVerifier,
+    PreVerifierConfig,
+    load_pre_verifier,
+    save_pre_verifier,
+)
+from specjax.speculative import SteppedRun
+from specjax.train import pre_verifier as pvt
+from specjax.tree import NODE_STATS, ancestor_mask
+
+
+def random_pre_verifier(threshold: float, seed: int = 1, **kw) -> PreVerifier:
+    pv = PreVerifier(PreVerifierConfig(threshold=threshold, **kw), rngs=nnx.Rngs(seed))
+    pv.proj_out.kernel.set_value(pv.proj_out.kernel[...] * 8)
+    return pv
+
+
+@pytest.fixture(scope="module")
+def target():
+    """TINY at 3x its init scale: at init scale it repeats one token and every draft agrees."""
+    model = specjax.Llama(TINY, rngs=nnx.Rngs(0))
+    graph, state = nnx.split(model)
+    return nnx.merge(graph, jax.tree.map(lambda x: x * 3 if x.ndim >= 2 else x, state))
+
+
+PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9], [3]]
+
+
+# The default run keeps a dynamic tree (feature drafter) and a static one (LM drafter); the
+# other drafter kinds and the chain run under `slow`.
+@pytest.mark.parametrize(
+    ("drafter_kind", "tree"),
+    [
+        ("eagle", TreeConfig.dynamic(9, 4, 3)),
+        ("self", TreeConfig(branching=(2, 2, 1))),
+        pytest.param("mdc", TreeConfig.dynamic(6, 3, 2), marks=pytest.mark.slow),
+        pytest.param("self", TreeConfig.chain(4), marks=pytest.mark.slow),
+    ],
+)
+def test_greedy_output_unchanged_at_every_threshold(target, drafter_kind, tree):
+    ref = specjax.generate(target, PROMPTS, max_new_tokens=21)
+    if drafter_kind == "self":
+        drafter = LMDrafter.self_draft(1)
+    else:
+        drafter = make_drafter(drafter_kind, target)
+    drafter.pre_verifier = random_pre_verifier(0.0)
+    cuts = []
+    for threshold in (0.0, 0.3, 0.9):  # the threshold is traced: one compilation
+        drafter.pre_verifier.set_threshold(threshold)
+        out = specjax.speculative_generate(
+            target, drafter, PROMPTS, max_new_tokens=21, config=SpecConfig(tree=tree)
+        )
+        np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
+        np.testing.assert_array_equal(np.asarray(out.lengths), np.asarray(ref.lengths))
+        cuts.append(int(np.sum(out.stats["pre_verifier_stops"])))
+        steps = np.asarray(out.stats["target_calls"])
+        hist = np.asarray(out.stats["draft_len_hist"])
+        chex.assert_shape(hist, (len(PROMPTS), tree.num_nodes))
+        np.testing.assert_array_equal(hist.sum(1), steps)
+        verified = np.asarray(out.stats["verified_nodes"])
+        assert np.all(verified >= np.asarray(out.stats["draft_len"]) + 1)
+    assert cuts[0] == 0 and cuts[2] > cuts[0], cuts  # threshold 0 keeps everything
+
+
+def test_nothing_kept_is_plain_decoding_in_buckets_of_one(target):
+    """A threshold no node reaches: every step verifies the root alone (bucket 1). (The same
+    shapes as the eagle case above: the compiled loop is reused.)"""
+    drafter = make_drafter("eagle", target)
+    pv = random_pre_verifier(0.5)
+    pv.proj_out.bias.set_value(jnp.full((1,), -50.0))  # P(accept) ~ 0 for every node
+    drafter.pre_verifier = pv
+    config = SpecConfig(tree=TreeConfig.dynamic(9, 4, 3))
+    out = specjax.speculative_generate(target, drafter, PROMPTS, max_new_tokens=21, config=config)
+    ref = specjax.generate(target, PROMPTS, max_new_tokens=21)
+    np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
+    np.testing.assert_allclose(np.asarray(out.stats["verified_nodes"]), 1.0)
+    np.testing.assert_allclose(np.asarray(out.stats["draft_len"]), 0.0)
+    np.testing.assert_allclose(np.asarray(out.stats["tau"]), 1.0)
+
+
+@pytest.mark.slow
+def test_greedy_unchanged_across_batch_and_cache_boundaries(target):
+    """Rows finishing at different steps, prompts of other widths, budgets ending exactly at a
+    step: the pruned, bucketed run equals plain decoding row by row."""
+    drafter = make_drafter("eagle", target, seed=3)
+    drafter.pre_verifier = random_pre_verifier(0.2, seed=4)
+    prompts = [[7] * 13, [1, 2], [5, 4, 3, 2, 1], [9], [2, 2, 2, 2, 2, 2, 2, 2, 2]]
+    for max_new in (2, 5, 17):
+        ref = specjax.generate(target, prompts, max_new_tokens=max_new)
+        out = specjax.speculative_generate(
+            target, drafter, prompts, max_new_tokens=max_new,
+            config=SpecConfig(tree=TreeConfig.dynamic(12, 5, 3)),
+        )  # fmt: skip
+        np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
+
+
+@pytest.mark.slow
+def test_early_stopped_drafting_keeps_what_pruning_keeps(target):
+    """From one engine state, expand_topk with the pre-verifier's stop keeps every node that the
+    full expansion pruned afterwards keeps (drafting stops only where nothing deeper could be
+    kept; the budget the stopped levels leave free may hold more shallow nodes), and it does
+    stop early at a high threshold."""
+    from specjax.drafters.base import RootContext
+
+    drafter = make_drafter("eagle", target)
+    cfg = SpecConfig(tree=TreeConfig.dynamic(15, 5, 3))
+    run = SteppedRun(target, drafter, PROMPTS, max_new_tokens=12, config=cfg)
+    for _ in range(2):
+        run.step()
+    s = run.state
+    ctx = RootContext(root=s.root, prev=s.prev, lengths=s.verifier_state.lengths)
+    live = jnp.ones(len(PROMPTS), bool)
+    pv = random_pre_verifier(0.0, seed=7)
+    depths = []
+    for threshold in (0.1, 0.4, 0.8):
+        pv.set_threshold(threshold)
+        trees = {}
+        for stop in (False, True):
+            drafter.pre_verifier = pv if stop else None
+            trees[stop], _ = drafter.propose(
+                s.drafter_state, target, ctx, s.keys, config=cfg, sampling=SamplingConfig()
+            )
+        drafter.pre_verifier = None
+        for full, stopped in zip(
+            *(kept_nodes(trees[k], pv, live) for k in (False, True)), strict=True
+        ):
+            missing = [n for n in full if n not in stopped]
+            assert not missing, (threshold, missing)
+        valid = np.asarray(trees[True].valid)
+        depths.append(int(np.max(np.where(valid, np.asarray(trees[True].depth), 0))))
+    assert depths[-1] < 5, depths
+
+
+def kept_nodes(tree, pv, live):
+    """Per row, the sorted (depth, parent's token, token) of the nodes the pre-verifier keeps
+    (the stopped run's trees come compacted, so nodes are compared by what they are)."""
+    keep = np.asarray(pre_verify.keep_mask(tree, pv, live, 5))
+    tokens, parents, depth = (np.asarray(x) for x in (tree.tokens, tree.parents, tree.depth))
+    rows = []
+    for b in range(keep.shape[0]):
+        nodes = np.flatnonzero(keep[b])
+        rows.append(sorted((depth[b, i], tokens[b, max(parents[b, i], 0)], tokens[b, i])
+                           for i in nodes))  # fmt: skip
+    return rows
+
+
+def test_compaction_keeps_a_topological_tree():
+    parents = jnp.array([[-1, 0, 0, 1, 2, 3, 1]])
+    tree = specjax.tree.DraftTree(
+        tokens=jnp.arange(7)[None] + 10,
+        parents=parents,
+        depth=jnp.array([[0, 1, 1, 2, 2, 3, 2]]),
+        valid=jnp.ones((1, 7), bool),
+        draft_prob=jnp.ones((1, 7)),
+        node_stats=jnp.zeros((1, 7, len(NODE_STATS))),
+    )
+    keep = jnp.array([[True, True, False, True, False, True, False]])
+    c, order = pre_verify.compact(tree, keep)
+    np.testing.assert_array_equal(np.asarray(order[0, :4]), [0, 1, 3, 5])
+    np.testing.assert_array_equal(np.asarray(c.tokens[0, :4]), [10, 11, 13, 15])
+    np.testing.assert_array_equal(np.asarray(c.parents[0, :4]), [-1, 0, 1, 2])
+    par = np.asarray(c.parents[0])
+    assert all(par[i] < i for i in range(1, 7))
+    np.testing.assert_array_equal(np.asarray(c.valid[0]), [1, 1, 1, 1, 0, 0, 0])
+    # The ancestor mask of the first four compacted nodes is the kept chain's.
+    m = np.asarray(ancestor_mask(c.parents[:, :4])[0])
+    np.testing.assert_array_equal(m, np.tril(np.ones((4, 4), bool)))
+    acc = specjax.tree.Acceptance(
+        path=jnp.array([[0, 1, 2, 0]]), n_accepted=jnp.array([2]), next_token=jnp.array([0])
+    )
+    np.testing.assert_array_equal(
+        np.asarray(pre_verify.to_drafter_indices(acc, order).path), [[0, 1, 3, 0]]
+    )
+
+
+def test_default_buckets():
+    assert pre_verify.default_buckets(32) == (1, 4, 8, 16, 32)
+    assert pre_verify.default_buckets(7) == (1, 4, 7)
+    assert pre_verify.default_buckets(1) == (1,)
+
+
+def test_sampled_children_are_never_pruned(target):
+    """Dropping a child sampled from q because of its own token would bias the output: with a
+    sampled chain the engine leaves the pre-verifier out."""
+    drafter = LMDrafter.self_draft(1)
+    drafter.pre_verifier = random_pre_verifier(0.9)
+    out = specjax.speculative_generate(
+        target, drafter, PROMPTS, max_new_tokens=8, config=SpecConfig(tree=TreeConfig.chain(3)),
+        sampling=SamplingConfig(temperature=1.0), key=jax.random.key(0),
+    )  # fmt: skip
+    assert int(np.sum(out.stats["pre_verifier_stops"])) == 0
+    np.testing.assert_allclose(np.asarray(out.stats["verified_nodes"]), 4.0)
+
+
+@pytest.mark.slow
+def test_sampling_with_pruning_matches_target_distribution():
+    """Deterministic (top-k) children pruned by the pre-verifier, sampled decoding (the one-hot
+    tree rule): the first three tokens follow the target's exact distribution (the project's
+    exact-enumeration check, test_lossless_e2e), while the pre-verifier cuts some steps."""
+    target = sharpened(CFG, 3, 3.0)
+    drafter = LMDrafter(sharpened(ModelConfig(**{**CFG.__dict__, "n_layers": 1}), 11, 2.0))
+    drafter.pre_verifier = random_pre_verifier(0.35, seed=2)
+    sampling = SamplingConfig(temperature=1.0)
+    keys = jax.random.split(jax.random.key(0), N_ROWS)
+    out = specjax.speculative_generate(
+        target, drafter, [PROMPT] * N_ROWS, max_new_tokens=3,
+        config=SpecConfig(tree=TreeConfig(branching=(2, 1)), rule="tree_onehot"),
+        sampling=sampling, key=keys,
+    )  # fmt: skip
+    tokens = np.asarray(out.tokens)
+    problem = distribution_mismatch(empirical_joint(tokens), exact_joint(target, sampling), N_ROWS)
+    assert problem is None, problem
+    stops = np.asarray(out.stats["pre_verifier_stops"])
+    steps = np.asarray(out.stats["target_calls"])
+    assert 0.05 * steps.sum() < stops.sum() < 0.95 * steps.sum(), (stops.sum(), steps.sum())
+    hist = np.asarray(out.stats["accepted_hist"]).sum(0)
+    assert hist[1:].sum() > 0.05 * hist.sum(), hist
+
+
+def test_checkpoint_round_trip_and_load_drafter_switch(tmp_path, target):
+    pv = random_pre_verifier(0.25, block=2)
+    save_pre_verifier(pv, tmp_path / "pv", card={"auc": 0.5})
+    back = load_pre_verifier(tmp_path / "pv")
+    assert back.config == pv.config
+    stats = jax.random.normal(jax.random.key(0), (3, 5, len(NODE_STATS)))
+    np.testing.assert_allclose(
+        np.asarray(back.logits(stats)), np.asarray(pv.logits(stats)), rtol=1e-6
+    )
+    with pytest.raises(ValueError, match="pre_verifier.json"):
+        load_pre_verifier(tmp_path / "missing")
+    with pytest.raises(ValueError, match="threshold"):
+        pv.with_settings(threshold=1.5)
+    with pytest.raises(ValueError, match="only"):
+        pv.with_settings(hidden=3)
+
+
+def test_load_drafter_refuses_a_missing_pre_verifier(tmp_path, target):
+    from specjax.train.checkpoint import save_drafter
+
+    drafter = make_drafter("eagle", target)
+    save_drafter(drafter.net, tmp_path / "d")
+    assert specjax.load_drafter(tmp_path / "d", target, strict=False).pre_verifier is None
+    with pytest.raises(ValueError, match="no pre-verifier"):
+        specjax.load_drafter(tmp_path / "d", target, strict=False, pre_verifier=True)
+    save_pre_verifier(random_pre_verifier(0.3), tmp_path / "d" / "pre_verifier")
+    loaded = specjax.load_drafter(tmp_path / "d", target, strict=False)
+    assert loaded.pre_verifier is not None and loaded.pre_verifier.config.threshold == 0.3
+    off = specjax.load_drafter(tmp_path / "d", target, strict=False, pre_verifier=False)
+    assert off.pre_verifier is None
+
+
+def test_labels_auc_and_replay():
+    parents = np.array([-1, 0, 0, 1, 2])
+    stats = np.zeros((5, len(NODE_STATS)), np.float32)
+    stats[:, 5] = [0, 1, 1, 2, 2]
+    rec = pvt.StepRecord(parents=parents, valid=np.ones(5, bool), node_stats=stats,
+                         path=np.array([1, 3]))  # fmt: skip
+    x, y = pvt.node_labels([rec])
+    # nodes 1, 2 (parent root, accepted) and 3 (parent 1, accepted); node 4's parent was rejected
+    np.testing.assert_array_equal(y, [True, False, True])
+    assert pvt.auc(np.array([0.9, 0.1, 0.8]), y) == 1.0
+    assert pvt.auc(np.array([0.1, 0.9, 0.2]), y) == 0.0
+    assert pvt.auc(np.array([0.5, 0.5, 0.5]), y) == 0.5
+    sim = pvt.simulate(None, [rec], 0.0, t_verify=lambda n: 1.0, t_draft=lambda d: 0.0)
+    assert sim.tau == 3.0 and sim.bucket == 5  # every node kept: bucket N = 5
+    assert sim.depth == 2 and sim.draft_len == 4
