@@ -83,6 +83,11 @@ def report(loaded, out, run, compile_s, label):
             f", tau {float(out.stats['tau'][0]):.2f} tokens/target call, "
             f"{int(out.stats['target_calls'][0])} target calls"
         )
+        if int(out.stats.get("pre_verifier_stops", [0])[0]) > 0:
+            extra += (
+                f", pre-verifier: {float(out.stats['draft_len'][0]):.1f} draft nodes verified "
+                f"per step, {int(out.stats['pre_verifier_stops'][0])} drafts cut"
+            )
         if "predicted_speedup" in out.stats:
             extra += (
                 f", tree {out.stats['tree']} (chosen for this hardware: predicted tau "

@@ -294,7 +294,9 @@ def test_bf16_head_accumulates_in_float32():
 
 
 @pytest.mark.parametrize(
-    "tree", [TreeConfig.chain(3), TreeConfig(branching=(3, 2, 1))], ids=["chain3", "tree_3_2_1"]
+    "tree",
+    [pytest.param(TreeConfig.chain(3), marks=pytest.mark.slow), TreeConfig(branching=(3, 2, 1))],
+    ids=["chain3", "tree_3_2_1"],
 )
 def test_bf16_greedy_equals_generate(tree):
     target = bf16_target()
