@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from specjax.tree import Acceptance, DraftTree, ancestor_mask
 
@@ -52,13 +53,46 @@ def path_logp(node_logp: jax.Array, parents: jax.Array, max_depth: int) -> jax.A
     return pi
 
 
-def keep_mask(tree: DraftTree, pv, live: jax.Array, max_depth: int) -> jax.Array:
+def keep_mask(
+    tree: DraftTree, pv, live: jax.Array, max_depth: int, buckets: tuple[int, ...] = ()
+) -> jax.Array:
     """[B, N] nodes to verify: valid nodes whose predicted path probability reaches the
-    pre-verifier's threshold, and the root; rows no longer live keep only the root."""
+    pre-verifier's threshold, and the root; rows no longer live keep only the root. With the
+    pre-verifier's measured costs, only the nodes of the bucket with the most expected tokens
+    per second (bucket_by_cost) are kept."""
     pi = path_logp(pv.node_logp(tree.node_stats), tree.parents, max_depth)
     keep = tree.valid & (pi >= pv.threshold_logp[...])
     root = jnp.arange(tree.num_nodes)[None, :] == 0
-    return jnp.where(live[:, None], keep | root, root)
+    keep = jnp.where(live[:, None], keep | root, root)
+    if pv.shape.costs and len(buckets) > 1:
+        keep = bucket_by_cost(keep, pi, live, buckets, pv.shape.costs)
+    return keep
+
+
+def bucket_by_cost(keep, pi, live, buckets: tuple[int, ...], costs) -> jax.Array:
+    """Keep the n - 1 most probable kept nodes of every row (and the root), n the bucket that
+    maximizes sum over live rows of E[tokens | n] / t(n): E = 1 + the sum of the top n - 1 path
+    probabilities (the expected tokens of a tree whose siblings are distinct: each node adds its
+    probability of being on the accepted path). The most probable nodes are closed under
+    parents (a child is never more probable than its parent; ties go to the lower index, the
+    parent). keep [B, N] bool, pi [B, N] log path probabilities, costs ((n, seconds), ...)."""
+    n_nodes = keep.shape[1]
+    not_root = jnp.arange(n_nodes)[None, :] > 0
+    prob = jnp.where(keep & not_root, jnp.exp(pi), 0.0)
+    top, order = jax.lax.top_k(prob, n_nodes - 1)  # [B, N - 1], descending
+    expected = 1.0 + jnp.concatenate([jnp.zeros_like(top[:, :1]), jnp.cumsum(top, axis=1)], 1)
+    xs, ys = zip(*sorted(costs), strict=True)
+    seconds = np.interp(np.asarray(buckets, float), xs, ys)  # static: one cost per bucket
+    per_bucket = expected[:, np.asarray(buckets) - 1]  # [B, K]
+    score = jnp.sum(jnp.where(live[:, None], per_bucket, 0.0), axis=0) / jnp.asarray(seconds)
+    n_best = jnp.asarray(buckets)[jnp.argmax(score)]
+    rows = jnp.arange(keep.shape[0])[:, None]
+    rank = (
+        jnp.full(keep.shape, n_nodes, jnp.int32)
+        .at[rows, order]
+        .set(jnp.arange(n_nodes - 1, dtype=jnp.int32)[None, :])
+    )
+    return ~not_root | (keep & (rank < n_best - 1))
 
 
 def compact(tree: DraftTree, keep: jax.Array) -> tuple[DraftTree, jax.Array]:

@@ -214,7 +214,7 @@ class SpeculativeLoop:
             n_verified = jnp.int32(cfg.tree.num_nodes)
             drafter_acc, drafter_hidden, cut = v.acceptance, v.hidden, jnp.zeros_like(live)
         else:
-            keep = pre_verify.keep_mask(tree, pv, live, cfg.tree.max_depth)
+            keep = pre_verify.keep_mask(tree, pv, live, cfg.tree.max_depth, self.buckets)
             cut = jnp.sum(keep, axis=1) < jnp.sum(tree.valid, axis=1)
             tree, order = pre_verify.compact(tree, keep)
             v, n_verified = pre_verify.verify_in_buckets(

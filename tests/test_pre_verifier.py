@@ -262,6 +262,8 @@ def test_checkpoint_round_trip_and_load_drafter_switch(tmp_path, target):
         pv.with_settings(threshold=1.5)
     with pytest.raises(ValueError, match="only"):
         pv.with_settings(hidden=3)
+    other = pv.with_settings(threshold=0.6)
+    assert other.config.threshold == 0.6 and pv.config.threshold == 0.25
 
 
 def test_load_drafter_refuses_a_missing_pre_verifier(tmp_path, target):
@@ -294,3 +296,49 @@ def test_labels_auc_and_replay():
     sim = pvt.simulate(None, [rec], 0.0, t_verify=lambda n: 1.0, t_draft=lambda d: 0.0)
     assert sim.tau == 3.0 and sim.bucket == 5  # every node kept: bucket N = 5
     assert sim.depth == 2 and sim.draft_len == 4
+
+
+def test_bucket_by_cost_keeps_the_most_probable_nodes_of_the_best_bucket():
+    """Two rows; path probabilities known. With a flat cost up to 8 nodes the 8-bucket wins and
+    keeps each row's 7 most probable nodes; with a steep cost the root alone wins."""
+    n = 10
+    prob = np.array(
+        [
+            [1, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1],
+            [1, 0.05, 0.04, 0.03, 0.02, 0.01, 0.01, 0.01, 0.01, 0.01],
+        ]
+    )
+    keep = jnp.ones((2, n), bool)
+    live = jnp.ones((2,), bool)
+    flat = ((1, 1.0), (8, 1.05), (10, 3.0))
+    out = np.asarray(pre_verify.bucket_by_cost(keep, jnp.log(prob), live, (1, 4, 8, 10), flat))
+    np.testing.assert_array_equal(out.sum(1), [8, 8])
+    np.testing.assert_array_equal(out[0], [1, 1, 1, 1, 1, 1, 1, 1, 0, 0])
+    steep = ((1, 1.0), (4, 3.0), (10, 10.0))
+    out = np.asarray(pre_verify.bucket_by_cost(keep, jnp.log(prob), live, (1, 4, 8, 10), steep))
+    np.testing.assert_array_equal(out.sum(1), [1, 1])
+    # a row that is not live does not vote: alone, the second row prefers the root
+    mid = ((1, 1.0), (4, 1.3), (8, 1.4), (10, 3.0))
+    both = pre_verify.bucket_by_cost(keep, jnp.log(prob), live, (1, 4, 8, 10), mid)
+    np.testing.assert_array_equal(np.asarray(both).sum(1), [8, 8])
+    second = pre_verify.bucket_by_cost(
+        keep, jnp.log(prob), jnp.array([False, True]), (1, 4, 8, 10), mid
+    )
+    np.testing.assert_array_equal(np.asarray(second).sum(1), [1, 1])
+
+
+@pytest.mark.slow
+def test_greedy_unchanged_with_bucket_costs(target):
+    """The per-step bucket chosen from costs (bucket_by_cost) leaves greedy output unchanged and
+    does pick different buckets."""
+    drafter = make_drafter("eagle", target, seed=5)
+    costs = ((1, 1.0), (4, 1.3), (8, 1.4), (16, 3.0))
+    drafter.pre_verifier = random_pre_verifier(0.01, seed=6, costs=costs)
+    ref = specjax.generate(target, PROMPTS, max_new_tokens=21)
+    out = specjax.speculative_generate(
+        target, drafter, PROMPTS, max_new_tokens=21,
+        config=SpecConfig(tree=TreeConfig.dynamic(15, 5, 3)),
+    )  # fmt: skip
+    np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
+    verified = np.asarray(out.stats["verified_nodes"])
+    assert np.all(verified >= 1) and np.all(verified <= 16)

@@ -43,7 +43,11 @@ class PreVerifierConfig:
     share the last slot); threshold: keep a node when its predicted path probability is at
     least this (0: keep everything); block: drafting checks whether to go on after every
     `block` levels (PACER's block size b); buckets: the static node counts verification may
-    run on (() -> default_buckets of the tree's node count)."""
+    run on (() -> default_buckets of the tree's node count); costs: ((n, seconds), ...) the
+    target's measured cost of verifying n nodes (specjax.autotune's t(N)): when given, each step
+    verifies the bucket with the most expected tokens per second over the batch, keeping the
+    nodes most likely to be accepted (above the threshold); () -> the smallest bucket that holds
+    every node above the threshold."""
 
     hidden: int = 32
     blocks: int = 2
@@ -51,6 +55,7 @@ class PreVerifierConfig:
     threshold: float = 0.3
     block: int = 1
     buckets: tuple[int, ...] = ()
+    costs: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self):
         if not 0.0 <= self.threshold < 1.0:
@@ -125,12 +130,11 @@ class PreVerifier(nnx.Module):
 
     def with_settings(self, **changes) -> PreVerifier:
         """A copy with the same weights and other settings (threshold, block, buckets)."""
-        fields = {"threshold", "block", "buckets"}
+        fields = {"threshold", "block", "buckets", "costs"}
         if not set(changes) <= fields:
             raise ValueError(f"only {sorted(fields)} can change on a trained pre-verifier")
         config = dataclasses.replace(self.config, **changes)  # validates
-        graph, state = nnx.split(self)
-        copy = nnx.merge(graph, state)
+        copy = nnx.clone(self)  # its own variables: the original keeps its threshold
         copy.shape = dataclasses.replace(config, threshold=0.0)
         copy.set_threshold(config.threshold)
         return copy
@@ -172,6 +176,7 @@ def load_pre_verifier(folder: str | Path) -> PreVerifier:
     header = read_pre_verifier_header(folder)
     cfg = dict(header["config"])
     cfg["buckets"] = tuple(cfg.get("buckets", ()))
+    cfg["costs"] = tuple((int(n), float(t)) for n, t in cfg.get("costs", ()))
     try:
         config = PreVerifierConfig(**cfg)
     except (TypeError, ValueError) as e:
