@@ -94,6 +94,14 @@ def run(check: str, target, sampling: SamplingConfig, attn_impl: str):
     elif check == "spec_eagle":
         drafter = feature_drafter(target, kind="eagle")
         config = SpecConfig(tree=TreeConfig.dynamic(6, 3, 2), attn_impl=attn_impl)
+    elif check == "spec_paced":  # PACER: a pre-verifier prunes each tree, buckets verify it
+        from specjax.models.pre_verifier import PreVerifier, PreVerifierConfig
+
+        drafter = feature_drafter(target, kind="eagle")
+        pv = PreVerifier(PreVerifierConfig(threshold=0.3), rngs=nnx.Rngs(1))
+        pv.proj_out.kernel.set_value(pv.proj_out.kernel[...] * 8)  # predictions spread out
+        drafter.pre_verifier = pv
+        config = SpecConfig(tree=TreeConfig.dynamic(9, 4, 3), attn_impl=attn_impl)
     elif check == "spec_early_exit":  # HiSpec: an exit head at layer 1 screens each tree
         head = ExitHead(CFG.d_model, layer=1, kind="mlp", vocab=np.arange(CFG.vocab_size),
                         eps=CFG.norm_eps, rngs=nnx.Rngs(4))  # fmt: skip

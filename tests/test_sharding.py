@@ -157,12 +157,13 @@ def test_weight_stationary_2d_layout_same_tokens():
 @pytest.mark.slow
 def test_other_rules_and_drafters_same_sampled_tokens():
     """Sampled decoding on 2x4 with the HSD and sampled-children tree rules (draft model), the
-    EAGLE-style drafter, the early-exit verifier and a draft model split over 'model' (placed
-    with shard_model: kept split, not replicated) gives one device's tokens for the same keys
-    (about 2.5 minutes on one core)."""
-    checks = "spec_hsd,spec_tree_sampled,spec_eagle,spec_early_exit,spec_lm_split"
+    EAGLE-style drafter, the early-exit verifier, a draft model split over 'model' (placed
+    with shard_model: kept split, not replicated) and an EAGLE-style drafter with a
+    pre-verifier (PACER: pruned trees, bucketed verification) gives one device's tokens for the
+    same keys (about 3 minutes on one core)."""
+    checks = "spec_hsd,spec_tree_sampled,spec_eagle,spec_early_exit,spec_lm_split,spec_paced"
     out = run_mesh_checks("--meshes", "2x4", "--checks", checks, "--sampling", "sampled")
-    assert out.count("ok ") == 5, out
+    assert out.count("ok ") == 6, out
 
 
 def test_mesh_flag_and_distributed_settings_are_checked():
