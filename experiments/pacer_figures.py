@@ -77,7 +77,8 @@ def main() -> None:
     lines = [
         "# Per-step best draft length and the pre-verifier's choice",
         "",
-        f"- host: {cpu_model()}; `python experiments/pacer_figures.py --drafter {args.drafter}`",
+        f"- host: {cpu_model()}; `python experiments/pacer_figures.py --drafter {args.drafter} "
+        f"--prompts {args.prompts} --max-new {args.max_new}`",
         f"- {len(records)} greedy steps on {len(prompts)} MT-bench first turns, {args.max_new} "
         f"tokens each, tree dynamic(31,6,8); threshold {pv.config.threshold}",
         "",
