@@ -92,6 +92,7 @@ def test_greedy_output_unchanged_at_every_threshold(target, drafter_kind, tree):
     assert cuts[0] == 0 and cuts[2] > cuts[0], cuts  # threshold 0 keeps everything
 
 
+@pytest.mark.slow
 def test_nothing_kept_is_plain_decoding_in_buckets_of_one(target):
     """A threshold no node reaches: every step verifies the root alone (bucket 1). (The same
     shapes as the eagle case above: the compiled loop is reused.)"""
