@@ -20,7 +20,7 @@ from specjax.benchmark import cpu_model
 from specjax.config import TreeConfig
 from specjax.paths import SMOLLM2, repo_dir, shared_path
 from specjax.train import pre_verifier as pvt
-from specjax.train.pre_verifier import _path_probability
+from specjax.train.pre_verifier import path_probability
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -28,7 +28,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 def kept_depth(pv, record) -> int:
     """Depth of the deepest node the pre-verifier keeps in a recorded tree."""
     p = pvt.predict(pv, record.node_stats)
-    keep = record.valid & (_path_probability(p, record.parents) >= pv.config.threshold)
+    keep = record.valid & (path_probability(p, record.parents) >= pv.config.threshold)
     keep[0] = True
     return int(record.node_stats[keep, 5].max())
 

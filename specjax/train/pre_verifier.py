@@ -183,7 +183,9 @@ class Simulated:
         return self.tau / self.seconds
 
 
-def _path_probability(p_node: np.ndarray, parents: np.ndarray) -> np.ndarray:
+def path_probability(p_node: np.ndarray, parents: np.ndarray) -> np.ndarray:
+    """[N] predicted probability that each node's whole path is accepted (host-side twin of
+    specjax.pre_verify.path_logp for one recorded tree): p_node [N], parents [N] topological."""
     pi = np.ones(len(parents))
     for i in range(1, len(parents)):  # topological order
         pi[i] = pi[parents[i]] * p_node[i]
@@ -216,7 +218,7 @@ def simulate(
         if pv is None:
             keep = r.valid.copy()
         else:
-            pi = _path_probability(probs[offset : offset + n], r.parents)
+            pi = path_probability(probs[offset : offset + n], r.parents)
             keep = r.valid & (pi >= threshold)
         offset += n
         keep[0] = True
