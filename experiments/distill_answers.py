@@ -54,8 +54,11 @@ def answers_dir(name: str) -> Path:
     return ROOT / "experiments" / "answers" / name
 
 
-def features_dir(name: str) -> Path:
-    return ROOT / "experiments" / "cache" / "distill" / name
+def features_dir(name: str, fusion_layers: tuple[int, ...] = ()) -> Path:
+    """Where the features of an answer set are cached (gitignored); features that also hold
+    the hidden states of fusion layers live beside the plain ones (name@layers-2-15)."""
+    suffix = "@layers-" + "-".join(map(str, fusion_layers)) if fusion_layers else ""
+    return ROOT / "experiments" / "cache" / "distill" / (name + suffix)
 
 
 def main(argv=None) -> int:

@@ -90,10 +90,12 @@ RECIPES = {
 }
 
 
-def committed_answer_features(name: str, shards: int | None = None) -> Path:
+def committed_answer_features(
+    name: str, shards: int | None = None, fusion_layers: tuple[int, ...] = ()
+) -> Path:
     """The feature directory of a committed answer set, rebuilt teacher-forced from the answers
     where the cache lacks it (no generation: only the shards already answered are used; the
-    first `shards` of them when given)."""
+    first `shards` of them when given), with the hidden states of fusion_layers when given."""
     from distill_answers import ANSWER_SETS
 
     import specjax
@@ -109,13 +111,14 @@ def committed_answer_features(name: str, shards: int | None = None) -> Path:
     # build_dataset refuses an answers directory written with other settings than cfg.
     build_dataset(
         specjax.load(shared_path(target)),
-        features_dir(name),
+        features_dir(name, fusion_layers),
         cfg,
         source=str(shared_path(target)),
         answers_dir=answers_dir(name),
         max_shards=shards or answered,
+        fusion_layers=fusion_layers,
     )
-    return features_dir(name)
+    return features_dir(name, fusion_layers)
 
 
 def override(obj, assignments: list[str], what: str):
@@ -196,9 +199,9 @@ def main(argv=None) -> int:
             shared_path(target),
             recipe,
             Path(args.out) / name,
-            data_dir=features_dir(ANSWER_SET[name.split("-")[0]]),
+            data_dir=features_dir(ANSWER_SET[name.split("-")[0]], recipe.fusion_layers),
             extra_data={
-                extra: (committed_answer_features(extra, n), n)
+                extra: (committed_answer_features(extra, n, recipe.fusion_layers), n)
                 for extra, n in [*recipe.extra_sets, *((e, None) for e in args.extra)]
             },
             answers_dir=answers_dir(ANSWER_SET[name.split("-")[0]]),

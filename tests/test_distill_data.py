@@ -130,6 +130,29 @@ def test_answers_rebuild_the_same_dataset_without_generating(loaded, tmp_path, m
     with pytest.raises(ValueError, match="3 asked for"):
         load_dataset((tmp_path / "a", 3))
 
+    # Features with a fusion layer: the same last hidden states, plus layer 1's; a directory
+    # keeps its fusion layers, and directories with and without them do not mix.
+    build_dataset(
+        loaded, tmp_path / "f", CFG, source="tiny.bin", answers_dir=answers, fusion_layers=(1,)
+    )
+    fused = load_dataset(tmp_path / "f")
+    np.testing.assert_allclose(fused.feats, first.feats)
+    assert first.fusion_feats is None and fused.fusion_feats.shape == first.feats.shape[:2] + (
+        1,
+        first.feats.shape[2],
+    )
+    graphdef, params = nnx.split(loaded.model)
+    row = jnp.asarray(fused.tokens[:1])
+    _, lower = teacher_forced_hidden(graphdef, params, row, (1,))
+    n = int(fused.lengths[0])
+    np.testing.assert_allclose(
+        fused.fusion_feats[0, :n, 0].astype(np.float32), np.asarray(lower)[0, :n, 0], atol=2e-2
+    )
+    with pytest.raises(ValueError, match="fusion layers"):
+        build_dataset(loaded, tmp_path / "f", CFG, source="tiny.bin", answers_dir=answers)
+    with pytest.raises(ValueError, match="some shards hold fusion layers"):
+        load_dataset(tmp_path / "a", tmp_path / "f")
+
 
 def test_manifest_from_before_a_setting_existed_reads_as_its_default(loaded, tmp_path):
     """Answer sets written before a DistillConfig field was added stay usable."""

@@ -31,13 +31,16 @@ from specjax.train.data import Dataset
 from specjax.train.trainer import TrainConfig, train
 
 KINDS = {"mdc": HiddenStateDrafter, "eagle": EagleDrafter}
-# "mdc2": the hidden-state drafter injecting the parent and the grandparent token.
+# "mdc2": the hidden-state drafter injecting the parent and the grandparent token; "-fused": the
+# drafter reads the target's layer 1 fused into its last hidden state (EAGLE-3's fusion).
 VARIANTS = ["mdc", "mdc2", "eagle"]
 
 
 def make_drafter(kind, target, seed=0, reuse=True, scale=1.0, fresh_slots=1):
-    """A random drafter of kind "mdc", "mdc2" or "eagle"; mdc recomputes only the root's slot
-    (fresh_slots=1), so that shallow test trees still reuse much of the chain."""
+    """A random drafter of kind "mdc", "mdc2" or "eagle", optionally "-fused"; mdc recomputes
+    only the root's slot (fresh_slots=1), so that shallow test trees still reuse much of the
+    chain."""
+    kind, fused = kind.removesuffix("-fused"), kind.endswith("-fused")
     path_tokens = 2 if kind == "mdc2" else 1
     kind = kind.removesuffix("2")
     cfg = DrafterConfig(
@@ -45,9 +48,13 @@ def make_drafter(kind, target, seed=0, reuse=True, scale=1.0, fresh_slots=1):
         target=target.config,
         draft_vocab_size=target.config.vocab_size,
         path_tokens=path_tokens,
+        fusion_layers=(1,) if fused else (),
     )
     net = DrafterNet(cfg, np.arange(cfg.draft_vocab_size), rngs=nnx.Rngs(seed), target=target)
     net.fc.set_value(net.fc[...] * scale)
+    if fused:  # a fusion that is not the identity
+        w = net.fusion_fc
+        w.set_value(jax.random.normal(jax.random.key(seed + 2), w.shape) / np.sqrt(w.shape[0]))
     if kind == "mdc":  # a readout MLP that is not the identity
         down = net.readout_down
         down.set_value(jax.random.normal(jax.random.key(seed + 1), down.shape) / down.shape[0])
@@ -67,6 +74,8 @@ def tiny_target():
     [
         ("mdc", True),
         ("eagle", True),
+        ("eagle-fused", True),
+        pytest.param("mdc-fused", True, marks=pytest.mark.slow),
         pytest.param("mdc2", True, marks=pytest.mark.slow),
         pytest.param("mdc", False, marks=pytest.mark.slow),
         pytest.param("mdc2", False, marks=pytest.mark.slow),
@@ -149,9 +158,14 @@ def test_sampling_matches_target_distribution(lossless_target, kind):
         assert int(np.sum(out.stats["reused"])) > 0.05 * int(np.sum(out.stats["drafted"]))
 
 
-# mdc runs under `slow` (mdc2 keeps a hidden-state chain in the default run).
+# mdc, eagle and eagle-fused run under `slow` (mdc2 and mdc-fused keep a hidden-state chain and
+# the fusion in the default run).
 @pytest.mark.parametrize(
-    "kind", [pytest.param(k, marks=pytest.mark.slow) if k == "mdc" else k for k in VARIANTS]
+    "kind",
+    [
+        pytest.param(k, marks=pytest.mark.slow) if k in ("mdc", "eagle", "eagle-fused") else k
+        for k in [*VARIANTS, "eagle-fused", "mdc-fused"]
+    ],
 )
 def test_drafting_follows_the_unrolled_training_forward(tiny_target, kind):
     """A drafted greedy chain is what the training forward predicts for that chain: the token at
@@ -168,7 +182,8 @@ def test_drafting_follows_the_unrolled_training_forward(tiny_target, kind):
 
     cache = init_cache(target.config, 1, cache_len)
     lens = jnp.asarray([n])
-    _, _, hidden = prefill(target, prompt, lens, cache, "reference", return_hidden=(2,))
+    layers = drafter.feature_layers
+    _, _, hidden = prefill(target, prompt, lens, cache, "reference", return_hidden=layers)
     config = SpecConfig(tree=TreeConfig.chain(depth))
     state = drafter.init_state(target, prompt, lens, cache_len, config=config, target_hidden=hidden)
     root = jnp.asarray([4])
@@ -179,7 +194,7 @@ def test_drafting_follows_the_unrolled_training_forward(tiny_target, kind):
     chain = np.asarray(tree.tokens[0])  # root + depth drafted tokens
     seq = jnp.concatenate([prompt, jnp.asarray(chain)[None]], axis=1)
     # Features of the drafted positions are never read by levels >= 1 (they use their own).
-    feats = jnp.pad(hidden[2], ((0, 0), (0, depth + 1), (0, 0)))
+    feats = jnp.pad(drafter.net.read_features(hidden), ((0, 0), (0, depth + 1), (0, 0)))
     parts = target_parts(target, drafter.net.draft_vocab[...])
     outs = unrolled_outputs(drafter.net, parts, seq, feats, depth)
     emb = jnp.take(parts.embed, seq, axis=0)
@@ -217,7 +232,7 @@ def test_reuse_serves_tokens_and_saves_chain_calls(tiny_target):
     assert stats[True]["accepted"][:, :-1].sum() > 0  # rejections happened: reuse was possible
 
 
-@pytest.mark.parametrize("kind", ["mdc", "mdc2"])
+@pytest.mark.parametrize("kind", ["mdc", "mdc2", "eagle-fused"])
 def test_checkpoint_round_trip(tmp_path, tiny_target, kind):
     drafter = make_drafter(kind, tiny_target, seed=7)
     save_drafter(
@@ -231,7 +246,8 @@ def test_checkpoint_round_trip(tmp_path, tiny_target, kind):
     )
     np.testing.assert_array_equal(net.draft_vocab[...], drafter.net.draft_vocab[...])
     loaded = load_drafter(tmp_path / "d", tiny_target)
-    assert isinstance(loaded, HiddenStateDrafter)
+    assert isinstance(loaded, KINDS[drafter.kind])
+    assert loaded.feature_layers == ((1, 2) if kind.endswith("-fused") else (2,))
 
 
 def test_errors_name_the_problem(tmp_path, tiny_target):
@@ -287,23 +303,29 @@ def test_recorded_hidden_states_equal_teacher_forced_ones(tiny_target):
     assert np.all(recorded[:, -1] == 0)  # the last token is never read
 
 
-def test_training_lowers_the_loss(tiny_target):
-    """A few optax steps on target-written sequences raise the drafter's agreement."""
+@pytest.mark.parametrize("kind", ["mdc", "eagle-fused"])
+def test_training_lowers_the_loss(tiny_target, kind):
+    """A few optax steps on target-written sequences raise the drafter's agreement (for a fused
+    drafter, on features that hold its fusion layer, and the fusion is trained)."""
     rng = np.random.default_rng(0)
     prompts = [rng.integers(1, 16, size=4).tolist() for _ in range(16)]
     out = specjax.generate(tiny_target, prompts, max_new_tokens=28)
     tokens = np.concatenate([np.asarray(prompts), np.asarray(out.tokens)], axis=1)
     from specjax.train.data import teacher_forced_hidden
 
+    drafter = make_drafter(kind, tiny_target)
+    lower = drafter.net.config.fusion_layers
     graphdef, params = nnx.split(tiny_target)
-    feats = np.asarray(teacher_forced_hidden(graphdef, params, jnp.asarray(tokens)))
+    hidden = teacher_forced_hidden(graphdef, params, jnp.asarray(tokens), lower)
+    feats, fused = (hidden[0], np.asarray(hidden[1], np.float16)) if lower else (hidden, None)
     data = Dataset(
         tokens=tokens.astype(np.int32),
-        feats=feats.astype(np.float16),
+        feats=np.asarray(feats, np.float16),
         lengths=np.full(16, 32, np.int32),
         prompt_lens=np.full(16, 4, np.int32),
+        fusion_feats=fused,
     )
-    drafter = make_drafter("mdc", tiny_target)
+    before = np.array(drafter.net.fusion_fc[...]) if lower else None  # (train donates)
     parts = target_parts(tiny_target, drafter.net.draft_vocab[...])
     summary = train(
         drafter.net, parts, data, TrainConfig(steps=60, batch=8, lr=3e-3, warmup=5), log=None
@@ -311,6 +333,9 @@ def test_training_lowers_the_loss(tiny_target):
     first, last = summary["history"][0], summary["history"][-1]
     assert last["loss"] < 0.7 * first["loss"], (first, last)
     assert last["acc0"] > first["acc0"]
+    if lower:
+        moved = np.abs(np.asarray(drafter.net.fusion_fc[...]) - before).max()
+        assert moved > 1e-3
 
 
 @pytest.mark.slow
@@ -351,3 +376,29 @@ def test_feature_noise_perturbs_only_what_the_drafter_reads(tiny_target, monkeyp
     diff = np.abs(noisy - np.asarray(feats))
     assert diff.max() <= 0.25 * 2.0 + 1e-6 and diff.mean() > 0.1
     np.testing.assert_array_equal(clean, np.asarray(feats))
+
+
+def test_fusion_starts_as_the_last_hidden_state_and_needs_its_data(tiny_target):
+    """An untrained fusion reads exactly the last hidden state (its projection starts at zero);
+    training a fused drafter on features without the fusion layers is refused before compiling;
+    bad fusion layers are refused."""
+    cfg = DrafterConfig(
+        kind="eagle", target=tiny_target.config, draft_vocab_size=16, fusion_layers=(1,)
+    )
+    net = DrafterNet(cfg, np.arange(16), rngs=nnx.Rngs(0), target=tiny_target)
+    hidden = {1: jnp.ones((2, 3, 32)), 2: jnp.arange(192.0).reshape(2, 3, 32)}
+    np.testing.assert_array_equal(net.read_features(hidden), hidden[2])
+    data = Dataset(
+        tokens=np.ones((8, 8), np.int32),
+        feats=np.zeros((8, 8, 32), np.float16),
+        lengths=np.full(8, 8, np.int32),
+        prompt_lens=np.full(8, 2, np.int32),
+    )
+    parts = target_parts(tiny_target, net.draft_vocab[...])
+    with pytest.raises(ValueError, match=r"fuses the target layers \(1,\).*holds 0 fusion"):
+        train(net, parts, data, TrainConfig(steps=1, batch=8), log=None)
+    for bad in ((2,), (0,), (1, 1)):
+        with pytest.raises(ValueError, match="fusion_layers must be increasing"):
+            DrafterConfig(
+                kind="mdc", target=tiny_target.config, draft_vocab_size=16, fusion_layers=bad
+            )

@@ -49,7 +49,8 @@ class TargetHead(nnx.Variable):
 @flax.struct.dataclass
 class FeatureDrafterState:
     """cache: the drafter's one-layer KV cache [1, B, S, K, D], lengths = the target's.
-    last_feature [B, M]: the target's last hidden state at position lengths - 1; last_token [B]:
+    last_feature [B, M]: the feature the drafter read at position lengths - 1 (the target's
+    last hidden state, with the fused lower layers when the drafter fuses some); last_token [B]:
     the token at that position (the root's parent, injected by mdc drafters with path_tokens 2).
     tree_tokens [B, N]: the last proposed tree (commit reads the accepted tokens from it).
     chain_h [B, Dp, M], chain_k / chain_v [B, Dp, K, D]: the mdc chain, slot d at position
@@ -90,8 +91,9 @@ class FeatureDrafter(nnx.Module):
         # A trained PreVerifier (specjax.models.pre_verifier) may be set here later (load_drafter
         # does when the checkpoint has one); declared as data so that a module can replace None.
         self.pre_verifier = nnx.data(None)
-        # The target's last hidden state (before the final norm), at the prompt and every node.
-        self.feature_layers = (target.config.n_layers,)
+        # The target's hidden states the drafter reads (the last one before the final norm, and
+        # the lower layers it fuses in), at the prompt and every node.
+        self.feature_layers = net.config.feature_layers
         w = target.embed[...].T if target.config.tie_embeddings else target.lm_head[...]
         self.head_u = TargetHead(jnp.take(w, net.draft_vocab[...], axis=1))
 
@@ -139,8 +141,9 @@ class FeatureDrafter(nnx.Module):
     def init_state(
         self, target, prompt_ids, prompt_lens, cache_len, *, config: SpecConfig, target_hidden
     ) -> FeatureDrafterState:
-        """target_hidden {L: [B, T, M]}: the target's last hidden state at every prompt position."""
-        target_hidden = target_hidden[self.feature_layers[0]]
+        """target_hidden {i: [B, T, M]}: the target's hidden states at every prompt position,
+        for every i in feature_layers."""
+        target_hidden = self.net.read_features(target_hidden)
         b, t = prompt_ids.shape
         parts = self._parts(target)
         x = self.net.fuse(shift_right(target_hidden, 1), jnp.take(parts.embed, prompt_ids, 0))
@@ -225,15 +228,18 @@ class FeatureDrafter(nnx.Module):
         target_hidden,
     ) -> FeatureDrafterState:
         """Recompute the accepted path's cache entries from the target's hidden states
-        target_hidden {L: [B, N, M]} (the verification pass), advance lengths by `advance` [B]."""
+        target_hidden {i: [B, N, M]} (the verification pass, i in feature_layers), advance
+        lengths by `advance` [B]."""
         del config
-        target_hidden = target_hidden[self.feature_layers[0]]
         path, n_acc = acceptance.path, acceptance.n_accepted
         b, p = path.shape
         counted = jnp.where(live[:, None], state.pending, 0)
         moving = advance > 0  # rows that move on (a row finishing now keeps its state)
         tokens = jnp.take_along_axis(state.tree_tokens, path, axis=1)  # [B, P], slot 0 = root
-        feats = jnp.take_along_axis(target_hidden, path[:, :, None], axis=1)  # [B, P, M]
+        on_path = {
+            i: jnp.take_along_axis(h, path[:, :, None], axis=1) for i, h in target_hidden.items()
+        }
+        feats = self.net.read_features(on_path)  # [B, P, M]
         prev = jnp.concatenate([state.last_feature[:, None], feats[:, :-1]], axis=1)
         x = self.net.fuse(prev, jnp.take(target.embed[...], tokens, axis=0))
         positions = state.cache.lengths[:, None] + jnp.arange(p, dtype=jnp.int32)[None, :]

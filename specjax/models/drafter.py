@@ -67,12 +67,15 @@ class DrafterConfig:
     """kind: "mdc" | "eagle"; target: the target's ModelConfig (the drafter layer copies its
     shapes and RoPE); draft_vocab_size: U, the number of target tokens the drafter can propose;
     path_tokens (mdc): how many of a node's latest path tokens its readout injects, 1 = the
-    parent, 2 = the parent and the grandparent."""
+    parent, 2 = the parent and the grandparent; fusion_layers: the lower target layers whose
+    hidden states are fused into the feature the drafter reads, besides the last one (EAGLE-3's
+    multi-layer fusion; () reads the last hidden state only)."""
 
     kind: str
     target: ModelConfig
     draft_vocab_size: int
     path_tokens: int = 1
+    fusion_layers: tuple[int, ...] = ()
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -88,6 +91,20 @@ class DrafterConfig:
                 f"draft_vocab_size must be in [1, {self.target.vocab_size}], "
                 f"got {self.draft_vocab_size}"
             )
+        layers = tuple(self.fusion_layers)
+        n = self.target.n_layers
+        if list(layers) != sorted(set(layers)) or not all(1 <= i < n for i in layers):
+            raise ValueError(
+                f"fusion_layers must be increasing layer indices in [1, {n}) (the last hidden "
+                f"state, {n}, is always read), got {self.fusion_layers}"
+            )
+        object.__setattr__(self, "fusion_layers", layers)  # lists from JSON headers
+
+    @property
+    def feature_layers(self) -> tuple[int, ...]:
+        """The target hidden states the drafter reads: hidden[i] is the residual stream after
+        i layers; the last one, n_layers, comes last."""
+        return (*self.fusion_layers, self.target.n_layers)
 
     @property
     def layer(self) -> ModelConfig:
@@ -148,6 +165,12 @@ class DrafterNet(nnx.Module):
         noise = 0.02 * jax.random.normal(rngs.params(), (2 * m, m)) / jnp.sqrt(m)
         self.fc = nnx.Param((eye + noise).astype(jnp.float32))
         self.layers = Layers(cfg.layer, rngs=rngs)
+        if cfg.fusion_layers:
+            # The lower layers' hidden states enter through a projection that starts at zero,
+            # so an untrained fusion reads exactly the last hidden state (see read_features).
+            f = len(cfg.fusion_layers)
+            self.fusion_norm = nnx.Param(jnp.full((f, m), input_scale, jnp.float32))
+            self.fusion_fc = nnx.Param(jnp.zeros((f * m, m), jnp.float32))
         if cfg.kind == "mdc":
             # The chain (null-input steps) has its own layer: the context layer reads verified
             # tokens with the target's hidden states, the chain layer extrapolates its own
@@ -186,6 +209,28 @@ class DrafterNet(nnx.Module):
             self.readout_down = nnx.Param(jnp.zeros((f, m), jnp.float32))
 
     # -- inputs and readouts -------------------------------------------------------------------
+
+    def read_features(self, hidden: dict) -> jax.Array:
+        """The feature the drafter reads at each position, from the target's hidden states
+        {i: [..., M]} for every i in config.feature_layers. Returns [..., M] float32:
+
+            g = h_L + fusion_fc [norm(h_l1); ...; norm(h_lF)]        (g = h_L without fusion)
+
+        EAGLE-3 fuses a low, a middle and a high layer by one projection of their concatenation;
+        we keep the last hidden state h_L as it is and add the lower layers through a projection,
+        because the drafter's readout is the target's own final norm and LM head, which expect
+        the last layer's residual stream: the drafter's outputs are still trained to predict h_L
+        (the feature regression), and at initialisation the fused drafter is the unfused one."""
+        cfg = self.config
+        last = hidden[cfg.target.n_layers].astype(jnp.float32)
+        if not cfg.fusion_layers:
+            return last
+        eps = cfg.target.norm_eps
+        low = [
+            rms_norm(hidden[i].astype(jnp.float32), self.fusion_norm[...][j], eps)
+            for j, i in enumerate(cfg.fusion_layers)
+        ]
+        return last + jnp.concatenate(low, axis=-1) @ self.fusion_fc[...]
 
     def fuse(self, feat: jax.Array, tok_emb: jax.Array | None) -> jax.Array:
         """u = feat + fc([norm(feat); norm(tok_emb)]): feat [..., M], tok_emb [..., M] or None
@@ -307,7 +352,8 @@ def unrolled_outputs(
 ) -> list[jax.Array]:
     """Teacher-forced drafting, unrolled `levels` draft steps on the drafter's own predictions.
 
-    tokens [B, T] and feats [B, T, M] (f_j, the target's last hidden state after x_j) of whole
+    tokens [B, T] and feats [B, T, M] (f_j, what the drafter reads of the target after x_j:
+    net.read_features of its hidden states, the last hidden state without fusion) of whole
     sequences from position 0. Returns outs[k] [B, T, M] for k = 0..levels-1: outs[k][:, j] is
     the drafter's prediction of f_j when the last k inputs before j were its own predictions, the
     exact situation of a depth-(k+1) tree node whose root sits at j - k:

@@ -2,7 +2,8 @@
 
 Layout of a drafter directory:
     drafter.json   {"format": "specjax-drafter", "version": 1, "kind", "draft_vocab_size",
-                    "path_tokens", "dtype", "target": {the target's ModelConfig},
+                    "path_tokens", "fusion_layers", "dtype", "target": {the target's
+                    ModelConfig},
                     "target_name", "target_fingerprint"}
     params/        orbax StandardCheckpointer tree {"params": the drafter's own weights,
                    "draft_vocab": [U] int32}; embeddings and the LM head are the target's
@@ -124,6 +125,7 @@ def save_drafter(
         "kind": net.config.kind,
         "draft_vocab_size": net.config.draft_vocab_size,
         "path_tokens": net.config.path_tokens,
+        "fusion_layers": list(net.config.fusion_layers),
         "dtype": dtype,
         "target": dataclasses.asdict(net.config.target),
         "target_name": target_name,
@@ -183,6 +185,7 @@ def drafter_config(header: dict, path: str | Path) -> DrafterConfig:
             target=ModelConfig(**header["target"]),
             draft_vocab_size=header["draft_vocab_size"],
             path_tokens=header.get("path_tokens", 1),  # headers before the field: the parent
+            fusion_layers=tuple(header.get("fusion_layers", ())),  # before it: no fusion
         )
     except (TypeError, ValueError) as e:
         raise ValueError(f"{Path(path) / 'drafter.json'}: invalid drafter header: {e}") from e

@@ -8,6 +8,8 @@ position. A shard holds, for a batch of sequences padded to a common width:
 
     tokens   [R, T] int32     prompt + answer ids (0 past the end)
     feats    [R, T, M] float16  the target's last hidden state after each token (pre final norm)
+    fusion_feats [R, T, F, M] float16  (only when built with fusion_layers) the hidden states
+                              after those F lower layers, for drafters that fuse them
     lengths  [R] int32        prompt + answer length
     prompt_lens [R] int32     where the answer starts (the loss is taken on answer positions)
 
@@ -116,20 +118,24 @@ def training_prompts(tokenizer, cfg: DistillConfig) -> list[list[int]]:
     return prompts[: cfg.n_prompts] if cfg.n_prompts else prompts
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef",))
-def teacher_forced_hidden(graphdef, params, ids):
-    """The target's last hidden state [B, T, M] for teacher-forced ids [B, T]."""
+@functools.partial(jax.jit, static_argnames=("graphdef", "layers"))
+def teacher_forced_hidden(graphdef, params, ids, layers: tuple[int, ...] = ()):
+    """The target's last hidden state [B, T, M] for teacher-forced ids [B, T]; with layers,
+    a tuple (last [B, T, M], lower [B, T, F, M]) whose lower holds hidden[i] for i in layers."""
     model = nnx.merge(graphdef, params)
     b, t = ids.shape
+    n = model.config.n_layers
     out = model(
         ids,
         positions=jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t)),
         cache=init_cache(model.config, b, t),
         tree_mask=causal_mask(b, t),
-        return_hidden=(model.config.n_layers,),
+        return_hidden=(*layers, n),
         compute_logits=False,
     )
-    return out.hidden[model.config.n_layers]
+    if not layers:
+        return out.hidden[n]
+    return out.hidden[n], jnp.stack([out.hidden[i] for i in layers], axis=2)
 
 
 def _pad_width(n: int, multiple: int = 64) -> int:
@@ -160,24 +166,35 @@ def make_answers(model, prompts, *, temperature, max_new_tokens, eos_id, key) ->
     }
 
 
-def add_features(model, answers: dict, batch: int = 8) -> dict:
+def add_features(model, answers: dict, batch: int = 8, fusion_layers: tuple[int, ...] = ()):
     """An answer shard plus feats [R, T, M] float16: the target's last hidden state after every
-    token, from teacher-forced passes of `batch` rows. Positions past a row's length hold 0."""
+    token, from teacher-forced passes of `batch` rows (and fusion_feats [R, T, F, M], the hidden
+    states after each of fusion_layers, when given). Positions past a row's length hold 0."""
     graphdef, params = nnx.split(model)
     tokens, lengths = answers["tokens"], answers["lengths"]
-    feats = np.zeros(tokens.shape + (model.config.d_model,), np.float32)
+    m, f = model.config.d_model, len(fusion_layers)
+    feats = np.zeros(tokens.shape + (m,), np.float32)
+    lower = np.zeros(tokens.shape + (f, m), np.float32) if f else None
     for i in range(0, len(tokens), batch):
         rows = tokens[i : i + batch]
         width = _pad_width(int(lengths[i : i + batch].max()))
         pad = np.zeros((batch, width), np.int32)  # a fixed batch: one compiled program a width
         pad[: len(rows)] = rows[:, :width]
-        hidden = np.asarray(teacher_forced_hidden(graphdef, params, jnp.asarray(pad)))
-        feats[i : i + len(rows), :width] = hidden[: len(rows)]
+        out = teacher_forced_hidden(graphdef, params, jnp.asarray(pad), tuple(fusion_layers))
+        last = np.asarray(out[0] if f else out)
+        feats[i : i + len(rows), :width] = last[: len(rows)]
+        if f:
+            lower[i : i + len(rows), :width] = np.asarray(out[1])[: len(rows)]
     mask = np.arange(tokens.shape[1])[None, :] < lengths[:, None]
-    feats *= mask[:, :, None]
-    if not np.isfinite(feats).all() or np.abs(feats).max() > 6e4:
-        raise ValueError("target hidden states overflow float16; store them in float32")
-    return {**answers, "feats": feats.astype(np.float16)}
+    shard = {**answers}
+    for name, x in (("feats", feats), ("fusion_feats", lower)):
+        if x is None:
+            continue
+        x *= mask.reshape(mask.shape + (1,) * (x.ndim - 2))
+        if not np.isfinite(x).all() or np.abs(x).max() > 6e4:
+            raise ValueError("target hidden states overflow float16; store them in float32")
+        shard[name] = x.astype(np.float16)
+    return shard
 
 
 def _check_manifest(directory: Path, manifest: dict) -> None:
@@ -198,6 +215,11 @@ def _check_manifest(directory: Path, manifest: dict) -> None:
                 f"{directory} holds data made with other settings ({old['config']}); "
                 "use another directory or delete it"
             )
+        if old.get("fusion_layers", []) != manifest.get("fusion_layers", []):
+            raise ValueError(
+                f"{directory} holds features of the fusion layers {old.get('fusion_layers', [])}"
+                f", not {manifest.get('fusion_layers', [])}: use another directory or delete it"
+            )
     path.write_text(json.dumps(manifest, indent=2) + "\n")
 
 
@@ -216,17 +238,20 @@ def build_dataset(
     source: str = "",
     answers_dir: str | Path | None = None,
     max_shards: int | None = None,
+    fusion_layers: tuple[int, ...] = (),
 ) -> Path:
     """Write (or finish writing) the distillation shards of `loaded` (a specjax.Loaded) in
     out_dir. Returns out_dir. Shows a progress bar with answer tokens per second.
 
     answers_dir: where token-only answer shards are kept (see the module docstring): an existing
     one is turned into features teacher-forced, a new one is written after generating.
-    max_shards: stop after the first this many shards (the rest come with a later call)."""
+    max_shards: stop after the first this many shards (the rest come with a later call).
+    fusion_layers: also store the hidden states after these target layers (fusion_feats), for
+    drafters that fuse lower layers; recorded in the manifest, like the settings."""
     out_dir = Path(out_dir)
     # Through JSON, so that tuples compare equal to the lists a stored manifest holds.
     manifest = json.loads(json.dumps({"source": source, "config": dataclasses.asdict(cfg)}))
-    _check_manifest(out_dir, manifest)
+    _check_manifest(out_dir, {**manifest, "fusion_layers": list(fusion_layers)})
     if answers_dir is not None:
         answers_dir = Path(answers_dir)
         _check_manifest(answers_dir, {"source": Path(source).name, "config": manifest["config"]})
@@ -270,7 +295,7 @@ def build_dataset(
                         for k, v in answers.items()
                     }
                     _save(kept, compact, compressed=True)
-            _save(path, add_features(loaded.model, answers))
+            _save(path, add_features(loaded.model, answers, fusion_layers=fusion_layers))
             tokens_done += int((answers["lengths"] - answers["prompt_lens"]).sum())
             bar.set_postfix(answer_tok_s=f"{tokens_done / (time.perf_counter() - t0):.0f}")
         bar.update(1)
@@ -282,12 +307,14 @@ def build_dataset(
 class Dataset:
     """All shards of a directory, padded to one width T (a multiple of 64).
 
-    tokens [R, T], feats [R, T, M] float16, lengths [R], prompt_lens [R]."""
+    tokens [R, T], feats [R, T, M] float16, lengths [R], prompt_lens [R]; fusion_feats
+    [R, T, F, M] float16 or None (shards built without fusion_layers)."""
 
     tokens: np.ndarray
     feats: np.ndarray
     lengths: np.ndarray
     prompt_lens: np.ndarray
+    fusion_feats: np.ndarray | None = None
 
     @property
     def answer_tokens(self) -> int:
@@ -316,22 +343,33 @@ def load_dataset(
     if not shards:
         raise ValueError(f"{data_dirs}: no distillation shards (run build_dataset first)")
     parts = [dict(np.load(s)) for s in shards]
+    fused = {p["fusion_feats"].shape[2] if "fusion_feats" in p else 0 for p in parts}
+    if len(fused) > 1:
+        raise ValueError(
+            f"{data_dirs}: some shards hold fusion layers and some do not (or other counts): "
+            "build every directory with the same fusion_layers"
+        )
+    n_fused = fused.pop()
     width = max(p["tokens"].shape[1] for p in parts)
     m = parts[0]["feats"].shape[2]
     rows = sum(p["tokens"].shape[0] for p in parts)
     tokens = np.zeros((rows, width), np.int32)
     feats = np.zeros((rows, width, m), np.float16)
+    lower = np.zeros((rows, width, n_fused, m), np.float16) if n_fused else None
     r = 0
     for p in parts:
         n, w = p["tokens"].shape
         tokens[r : r + n, :w] = p["tokens"]
         feats[r : r + n, :w] = p["feats"]
+        if lower is not None:
+            lower[r : r + n, :w] = p["fusion_feats"]
         r += n
     return Dataset(
         tokens=tokens,
         feats=feats,
         lengths=np.concatenate([p["lengths"] for p in parts]),
         prompt_lens=np.concatenate([p["prompt_lens"] for p in parts]),
+        fusion_feats=lower,
     )
 
 

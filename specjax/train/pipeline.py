@@ -86,6 +86,9 @@ class DrafterRecipe:
     train: TrainConfig
     draft_vocab: int = 8192
     path_tokens: int = 1  # mdc: path tokens injected at the readout (see DrafterConfig)
+    # Lower target layers fused into the drafter's input besides the last (see DrafterConfig);
+    # the distillation features then hold their hidden states too.
+    fusion_layers: tuple[int, ...] = ()
     # Train on the first this many distillation shards only (None: all of them). A fixed count
     # keeps a recipe reproducible while its committed answer set keeps growing.
     max_shards: int | None = None
@@ -129,6 +132,7 @@ def train_drafter(
         source=str(target_path),
         answers_dir=answers_dir,
         max_shards=recipe.max_shards,
+        fusion_layers=recipe.fusion_layers,
     )
     extra_data = extra_data or {}
     data = load_dataset((data_dir, recipe.max_shards), *extra_data.values())
@@ -145,6 +149,7 @@ def train_drafter(
         target=target.config,
         draft_vocab_size=len(vocab),
         path_tokens=recipe.path_tokens,
+        fusion_layers=recipe.fusion_layers,
     )
     net = DrafterNet(
         cfg,
@@ -164,8 +169,12 @@ def train_drafter(
     card = {
         "target": f"{name} ({_shared_relative(target_path)})",
         "kind": recipe.kind
+        + (f" (readout injects {recipe.path_tokens} path tokens)" if recipe.path_tokens > 1 else "")
         + (
-            f" (readout injects {recipe.path_tokens} path tokens)" if recipe.path_tokens > 1 else ""
+            f", fusing the hidden states after layers {', '.join(map(str, recipe.fusion_layers))}"
+            f" into the last one's"
+            if recipe.fusion_layers
+            else ""
         ),
         "data": (
             f"{len(data.lengths)} target-written answers ({data.answer_tokens} tokens) to "

@@ -67,15 +67,17 @@ def drafter_loss(
     net: DrafterNet, parts: TargetParts, batch: dict, cfg: TrainConfig, scale, key=None
 ):
     """(loss, metrics) for a batch {tokens [B, T], feats [B, T, M], lengths [B],
-    prompt_lens [B]}; metrics: per-level top-1 agreement with the target ("acc{k}"). key: the
-    feature noise's randomness (needed when cfg.feature_noise > 0)."""
+    prompt_lens [B]} (plus fusion_feats [B, T, F, M], the hidden states of the drafter's
+    config.fusion_layers, for a drafter that fuses lower layers); metrics: per-level top-1
+    agreement with the target ("acc{k}"). key: the feature noise's randomness (needed when
+    cfg.feature_noise > 0)."""
     tokens, feats = batch["tokens"], batch["feats"].astype(jnp.float32)
-    inputs = feats
+    inputs = net.read_features(hidden_states(net, batch))
     if cfg.feature_noise > 0:
         if key is None:
             raise ValueError("feature_noise > 0 needs a key")
         noise = jax.random.uniform(key, feats.shape, minval=-1.0, maxval=1.0)
-        inputs = feats + cfg.feature_noise * scale * noise
+        inputs = inputs + cfg.feature_noise * scale * noise
     b, t = tokens.shape
     eps = net.config.target.norm_eps
     target_logits = rms_norm(feats, parts.final_norm, eps) @ parts.head_u  # [B, T, U]
@@ -102,6 +104,24 @@ def drafter_loss(
         metrics[f"ce{k}"] = jnp.sum(ce * valid) / denom
     metrics["loss"] = total
     return total, metrics
+
+
+def hidden_states(net: DrafterNet, batch: dict) -> dict:
+    """{i: [B, T, M]} for every layer i the drafter reads, from a batch's feats (the last layer)
+    and fusion_feats (its fusion layers, in order); ValueError if the batch lacks them."""
+    cfg = net.config
+    hidden = {cfg.target.n_layers: batch["feats"]}
+    if cfg.fusion_layers:
+        fused = batch.get("fusion_feats")
+        if fused is None or fused.shape[2] != len(cfg.fusion_layers):
+            have = 0 if fused is None else fused.shape[2]
+            raise ValueError(
+                f"this drafter fuses the target layers {cfg.fusion_layers}, but the training "
+                f"data holds {have} fusion layers: build the distillation features with "
+                f"fusion_layers={cfg.fusion_layers}"
+            )
+        hidden |= {i: fused[:, :, j] for j, i in enumerate(cfg.fusion_layers)}
+    return hidden
 
 
 def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
@@ -156,12 +176,15 @@ def batches(data: Dataset, batch: int, seed: int):
         for i in starts:
             idx = np.sort(perm[i : i + batch])
             width = min(-(-int(data.lengths[idx].max()) // 64) * 64, data.tokens.shape[1])
-            yield {
+            out = {
                 "tokens": data.tokens[idx, :width],
                 "feats": data.feats[idx, :width],
                 "lengths": data.lengths[idx],
                 "prompt_lens": data.prompt_lens[idx],
             }
+            if data.fusion_feats is not None:
+                out["fusion_feats"] = data.fusion_feats[idx, :width]
+            yield out
 
 
 def train(
@@ -186,6 +209,7 @@ def train(
     if mesh is not None:
         check_mesh(mesh)
         check_batch(cfg.batch, mesh)
+    hidden_states(net, {"feats": data.feats, "fusion_feats": data.fusion_feats})  # checks
     graphdef, params, rest = nnx.split(net, nnx.Param, ...)
     optimizer = make_optimizer(cfg)
     opt = optimizer.init(params)
