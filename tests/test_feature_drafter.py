@@ -402,3 +402,33 @@ def test_fusion_starts_as_the_last_hidden_state_and_needs_its_data(tiny_target):
             DrafterConfig(
                 kind="mdc", target=tiny_target.config, draft_vocab_size=16, fusion_layers=bad
             )
+
+
+def test_readouts_at_scored_positions_give_the_same_loss(tiny_target):
+    """Computing the readouts at the answer positions only (scored_positions) is the same loss
+    and the same metrics as computing them everywhere and masking."""
+    from specjax.train.data import teacher_forced_hidden
+    from specjax.train.trainer import drafter_loss, scored_positions
+
+    rng = np.random.default_rng(2)
+    tokens = rng.integers(1, 16, size=(3, 16)).astype(np.int32)
+    graphdef, params = nnx.split(tiny_target)
+    last, lower = teacher_forced_hidden(graphdef, params, jnp.asarray(tokens), (1,))
+    lengths, prompt_lens = np.array([16, 9, 12], np.int32), np.array([3, 5, 1], np.int32)
+    batch = {
+        "tokens": tokens,
+        "feats": last,
+        "fusion_feats": lower,
+        "lengths": lengths,
+        "prompt_lens": prompt_lens,
+    }
+    scored, mask = scored_positions(prompt_lens, lengths, 16)
+    assert len(scored) % 12 == 0 and mask.sum() == (lengths - prompt_lens).sum()
+    drafter = make_drafter("mdc2-fused", tiny_target, seed=3)
+    parts = target_parts(tiny_target, drafter.net.draft_vocab[...])
+    cfg = TrainConfig(steps=1, levels=3)
+    everywhere = drafter_loss(drafter.net, parts, batch, cfg, 1.0)[1]
+    picked = drafter_loss(
+        drafter.net, parts, batch | {"scored": scored, "scored_mask": mask}, cfg, 1.0
+    )[1]
+    chex.assert_trees_all_close(picked, everywhere, rtol=1e-5)

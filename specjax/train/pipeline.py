@@ -107,6 +107,8 @@ def train_drafter(
     answers_dir: str | Path | None = None,
     eval_n: int = 10,
     reproduce: str | None = None,
+    calibrate: bool = True,
+    data_fusion_layers: tuple[int, ...] | None = None,
     log=print,
 ) -> Path:
     """Distill (resumable, shared between kinds through data_dir), train, save to out_dir, measure
@@ -117,7 +119,16 @@ def train_drafter(
     with the recipe's own data; the card names them. reproduce: the card's command line
     (default: experiments/train_drafters.py --only <out_dir's name>).
     answers_dir: where the recipe's own answers are kept token-only (committable), so that a
-    fresh checkout rebuilds their features teacher-forced instead of generating them again."""
+    fresh checkout rebuilds their features teacher-forced instead of generating them again.
+    calibrate: measure the acceptance profile SpecConfig.auto() reads (minutes for SmolLM2;
+    comparisons of training variants can skip it). data_fusion_layers: the fusion layers the
+    feature directories hold (default: the recipe's); a drafter without fusion can train on
+    fused features, so that the variants of a comparison share one feature cache."""
+    stored = recipe.fusion_layers if data_fusion_layers is None else tuple(data_fusion_layers)
+    if recipe.fusion_layers not in ((), stored):
+        raise ValueError(
+            f"the recipe fuses layers {recipe.fusion_layers}, the features hold {stored}"
+        )
     import specjax
 
     t_start = time.perf_counter()
@@ -132,7 +143,7 @@ def train_drafter(
         source=str(target_path),
         answers_dir=answers_dir,
         max_shards=recipe.max_shards,
-        fusion_layers=recipe.fusion_layers,
+        fusion_layers=stored,
     )
     extra_data = extra_data or {}
     data = load_dataset((data_dir, recipe.max_shards), *extra_data.values())
@@ -196,6 +207,8 @@ def train_drafter(
         "total wall time": f"{(time.perf_counter() - t_start) / 60:.1f} min",
     }
     write_card(out_dir, card)
+    if not calibrate:
+        return Path(out_dir)
     log(f"[train-drafter] tau {greedy['tau']:.2f}; card written; calibrating acceptance")
     from specjax.calibration import calibrate_drafter, held_in_prompts, write_checkpoint_profiles
 

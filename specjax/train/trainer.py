@@ -68,7 +68,9 @@ def drafter_loss(
 ):
     """(loss, metrics) for a batch {tokens [B, T], feats [B, T, M], lengths [B],
     prompt_lens [B]} (plus fusion_feats [B, T, F, M], the hidden states of the drafter's
-    config.fusion_layers, for a drafter that fuses lower layers); metrics: per-level top-1
+    config.fusion_layers, for a drafter that fuses lower layers; and optionally scored [A] /
+    scored_mask [A] from scored_positions, which compute the readouts at the answer positions
+    only: the same loss, less work); metrics: per-level top-1
     agreement with the target ("acc{k}"). key: the feature noise's randomness (needed when
     cfg.feature_noise > 0)."""
     tokens, feats = batch["tokens"], batch["feats"].astype(jnp.float32)
@@ -80,12 +82,25 @@ def drafter_loss(
         inputs = inputs + cfg.feature_noise * scale * noise
     b, t = tokens.shape
     eps = net.config.target.norm_eps
-    target_logits = rms_norm(feats, parts.final_norm, eps) @ parts.head_u  # [B, T, U]
+    if "scored" in batch:
+        # Readouts only where the loss is taken: the LM-head products over the draft vocabulary
+        # dominate a step, and prompts and padding are ~40% of a batch's positions.
+        idx = batch["scored"]
+
+        def pick(x):  # [B, T, ...] -> [A, ...] at the scored positions
+            return x.reshape((b * t,) + x.shape[2:])[idx]
+
+        answer, pos = batch["scored_mask"], idx % t
+    else:
+
+        def pick(x):
+            return x
+
+        pos = jnp.arange(t)[None, :]
+        answer = answer_positions(batch["prompt_lens"], batch["lengths"], t)
+    target_logits = rms_norm(pick(feats), parts.final_norm, eps) @ parts.head_u  # [..., U]
     target_p = jax.nn.softmax(target_logits, axis=-1)
     target_top = jnp.argmax(target_logits, axis=-1)
-    pos = jnp.arange(t)[None, :]
-    # Position j predicts token j + 1: answer predictions start at the last prompt token.
-    answer = (pos >= batch["prompt_lens"][:, None] - 1) & (pos < batch["lengths"][:, None] - 1)
     emb = jnp.take(parts.embed, tokens, axis=0)
     # A node's grandparent is the token before its parent, at every level.
     grand = shift_right(emb, 1)
@@ -94,9 +109,10 @@ def drafter_loss(
     for k, out in enumerate(outs):
         valid = (answer & (pos >= k)).astype(jnp.float32)
         denom = jnp.maximum(valid.sum(), 1.0)
-        logits = net.logits(parts, out, emb, grand)
+        out = pick(out)
+        logits = net.logits(parts, out, pick(emb), pick(grand))
         ce = -jnp.sum(target_p * jax.nn.log_softmax(logits, axis=-1), axis=-1)
-        reg = jnp.mean(smooth_l1((out - feats) / scale), axis=-1)
+        reg = jnp.mean(smooth_l1((out - pick(feats)) / scale), axis=-1)
         level_loss = jnp.sum((ce + cfg.feature_weight * reg) * valid) / denom
         total = total + cfg.level_decay**k * level_loss
         agree = (jnp.argmax(logits, axis=-1) == target_top).astype(jnp.float32)
@@ -104,6 +120,25 @@ def drafter_loss(
         metrics[f"ce{k}"] = jnp.sum(ce * valid) / denom
     metrics["loss"] = total
     return total, metrics
+
+
+def answer_positions(prompt_lens, lengths, width: int):
+    """[B, width] bool: the positions whose next token the target wrote (position j predicts
+    token j + 1, so answer predictions start at the last prompt token). numpy or jax inputs."""
+    pos = (jnp if isinstance(lengths, jax.Array) else np).arange(width)[None, :]
+    return (pos >= prompt_lens[:, None] - 1) & (pos < lengths[:, None] - 1)
+
+
+def scored_positions(prompt_lens: np.ndarray, lengths: np.ndarray, width: int):
+    """The flat indices (into B * width) of a batch's answer positions, padded to a static size:
+    (scored [A] int32, scored_mask [A] bool). A is the smallest multiple of a quarter of
+    B * width that holds them, so each batch width compiles at most four programs."""
+    flat = np.flatnonzero(answer_positions(prompt_lens, lengths, width))
+    quarter = max(len(lengths) * width // 4, 1)
+    size = max(-(-len(flat) // quarter) * quarter, quarter)
+    scored = np.zeros((size,), np.int32)
+    scored[: len(flat)] = flat
+    return scored, np.arange(size) < len(flat)
 
 
 def hidden_states(net: DrafterNet, batch: dict) -> dict:
@@ -184,6 +219,9 @@ def batches(data: Dataset, batch: int, seed: int):
             }
             if data.fusion_feats is not None:
                 out["fusion_feats"] = data.fusion_feats[idx, :width]
+            out["scored"], out["scored_mask"] = scored_positions(
+                out["prompt_lens"], out["lengths"], width
+            )
             yield out
 
 
