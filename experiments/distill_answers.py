@@ -5,6 +5,7 @@ in the gitignored cache.
     python experiments/distill_answers.py                  # SmolLM2, synthetic chat prompts
     python experiments/distill_answers.py --shards 10      # stop after 10 new shards
     python experiments/distill_answers.py --set smollm2-broad   # another answer set
+    python experiments/distill_answers.py --set smollm2-tasks   # translate, summarize, ...
 
 Resumable: shards already answered are skipped (their features are rebuilt teacher-forced when
 the cache lacks them), so each run adds to what earlier runs wrote.
@@ -42,10 +43,25 @@ BROAD_CHAT = DistillConfig(
     batch=64,
 )
 
+# Greedy answers to requests that work on a given text or numbers (specjax.train.task_prompts:
+# translation, summarization, questions on a passage, word problems, answers from given context),
+# shards of 64 answers whose prompts are length-sorted within windows of 8 shards.
+TASKS_CHAT = DistillConfig(
+    kind="chat",
+    sets=(),
+    synthetic_prompts=4096,
+    prompt_style="tasks",
+    sort_window=8,
+    temperatures=(0.0,),
+    max_new_tokens=192,
+    batch=64,
+)
+
 # name -> (target checkpoint under the shared folder, distillation settings)
 ANSWER_SETS = {
     "smollm2-synthetic": (SMOLLM2, SYNTHETIC_CHAT),
     "smollm2-broad": (SMOLLM2, BROAD_CHAT),
+    "smollm2-tasks": (SMOLLM2, TASKS_CHAT),
     "smollm2-chat": (SMOLLM2, CHAT_SETS),
 }
 

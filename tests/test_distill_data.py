@@ -1,5 +1,5 @@
 """Distillation data: answers kept apart from features and rebuilt teacher-forced, settings
-guarded, synthetic chat prompts."""
+guarded, synthetic chat prompts (basic, broad and task prompts)."""
 
 import types
 
@@ -21,6 +21,7 @@ from specjax.train.data import (
     training_prompts,
 )
 from specjax.train.prompts import synthetic_prompts
+from specjax.train.task_prompts import TASK_FAMILIES, task_prompts, task_prompts_by_family
 
 
 class ByteTokenizer:
@@ -69,6 +70,41 @@ def test_broad_prompts_are_deterministic_distinct_and_cover_every_family():
         broad_prompts(-1)
 
 
+def test_task_prompts_are_deterministic_distinct_and_cover_every_family():
+    a = task_prompts(1000, seed=3)
+    assert a == task_prompts(1000, seed=3) and len(set(a)) == 1000
+    assert task_prompts(1000, seed=4) != a
+    families = [f for f, _ in task_prompts_by_family(203, seed=3)]
+    assert sorted(set(families)) == sorted(TASK_FAMILIES)
+    counts = [families.count(f) for f in TASK_FAMILIES]
+    assert max(counts) - min(counts) <= 1  # equal proportions
+    assert max(len(t) for t in a) <= 1400  # ~300 SmolLM2 tokens
+    assert task_prompts(0) == []
+    with pytest.raises(ValueError, match="n must be"):
+        task_prompts(-1)
+
+
+def test_task_prompts_share_no_40_characters_with_an_evaluation_question():
+    """No stretch of 40 characters (whitespace collapsed, case folded) of a prompt appears in
+    MT-bench or an EAGLE question file: passages and templates are not copied from them."""
+    from specjax.datasets import SPEC_BENCH_FILES, read_spec_bench
+
+    def norm(text):
+        return " ".join(text.split()).lower()
+
+    w = 40
+    evaluation = set()
+    for name in SPEC_BENCH_FILES:
+        for q in read_spec_bench(SPEC_BENCH_FILES[name]):
+            for turn in q.turns:
+                t = norm(turn)
+                evaluation.update(t[i : i + w] for i in range(len(t) - w + 1))
+    for text in task_prompts(4096, seed=0):  # the prompts of answer set smollm2-tasks
+        t = norm(text)
+        shared = [t[i : i + w] for i in range(len(t) - w + 1) if t[i : i + w] in evaluation]
+        assert not shared, (shared[0], text)
+
+
 def test_training_prompts_take_sets_and_synthetic(loaded):
     both = DistillConfig(kind="chat", sets=("alpaca",), synthetic_prompts=5)
     assert len(training_prompts(loaded.tokenizer, both)) == 80 + 5
@@ -78,6 +114,8 @@ def test_training_prompts_take_sets_and_synthetic(loaded):
         DistillConfig(kind="story", synthetic_prompts=3)
     broad = DistillConfig(kind="chat", sets=(), synthetic_prompts=7, prompt_style="broad")
     assert len(training_prompts(loaded.tokenizer, broad)) == 7
+    tasks = DistillConfig(kind="chat", sets=(), synthetic_prompts=9, prompt_style="tasks")
+    assert len(training_prompts(loaded.tokenizer, tasks)) == 9
     with pytest.raises(ValueError, match="unknown prompt_style"):
         DistillConfig(kind="chat", prompt_style="fancy")
 

@@ -54,7 +54,7 @@ from specjax.tree import causal_mask
 
 CHAT_TRAIN_SETS = ("alpaca", "gsm8k", "humaneval", "sum")
 STORY_TRAIN_FILE = "tinystories_train_head.txt"
-PROMPT_STYLES = ("basic", "broad")
+PROMPT_STYLES = ("basic", "broad", "tasks")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -74,7 +74,9 @@ class DistillConfig:
     sets: tuple[str, ...] = CHAT_TRAIN_SETS  # chat: which EAGLE question files
     synthetic_prompts: int = 0  # chat: generated user turns added (see prompt_style)
     # "basic": specjax.train.prompts (short everyday requests); "broad":
-    # specjax.train.broad_prompts (multi-part requests in eight task families)
+    # specjax.train.broad_prompts (multi-part requests in eight task families); "tasks":
+    # specjax.train.task_prompts (translate, summarize, questions on a passage, word problems,
+    # answers from given context)
     prompt_style: str = "basic"
     # Answer order: None sorts all prompts longest first (least padding); k sorts within windows
     # of k shards only, so that the first shards of a partly answered set already cover every
@@ -105,8 +107,11 @@ def training_prompts(tokenizer, cfg: DistillConfig) -> list[list[int]]:
     if cfg.kind == "chat":
         from specjax.train.broad_prompts import broad_prompts
         from specjax.train.prompts import synthetic_prompts
+        from specjax.train.task_prompts import task_prompts
 
-        make = broad_prompts if cfg.prompt_style == "broad" else synthetic_prompts
+        make = {"broad": broad_prompts, "tasks": task_prompts}.get(
+            cfg.prompt_style, synthetic_prompts
+        )
         texts = [q.turns[0] for name in cfg.sets for q in read_spec_bench(SPEC_BENCH_FILES[name])]
         texts += make(cfg.synthetic_prompts, seed=cfg.seed)
         prompts = [encode_question(tokenizer, t) for t in texts]
