@@ -215,6 +215,13 @@ def cmd_train_drafter(args) -> int:
     loaded = specjax.load(args.target)
     if loaded.tokenizer is None:
         raise ValueError(f"{args.target}: the target needs a tokenizer to write training answers")
+    from specjax.models.drafter import DrafterConfig
+
+    fusion = tuple(int(i) for i in args.fusion_layers.split(",")) if args.fusion_layers else ()
+    # Checked now, not after the distillation: a bad layer index names itself at once.
+    DrafterConfig(
+        kind=args.kind, target=loaded.model.config, draft_vocab_size=1, fusion_layers=fusion
+    )
     data_kind = "chat" if loaded.tokenizer.chat_template else "story"
     distill = DistillConfig(
         kind=data_kind,
@@ -226,8 +233,15 @@ def cmd_train_drafter(args) -> int:
         kind=args.kind,
         data_kind=data_kind,
         distill=distill,
-        train=TrainConfig(steps=args.steps, batch=args.batch, levels=args.levels, lr=args.lr),
+        train=TrainConfig(
+            steps=args.steps,
+            batch=args.batch,
+            levels=args.levels,
+            lr=args.lr,
+            feature_weight=args.feature_weight,
+        ),
         draft_vocab=args.draft_vocab,
+        fusion_layers=fusion,
     )
     data_dir = args.data or str(Path(args.out).parent / f"{Path(args.target).stem}-distill")
     train_drafter(args.target, recipe, args.out, data_dir=data_dir, eval_n=args.eval_n)
@@ -310,6 +324,17 @@ def build_parser() -> argparse.ArgumentParser:
     trn.add_argument("--batch", type=int, default=8, help="sequences per step")
     trn.add_argument("--levels", type=int, default=3, help="unrolled draft steps in training")
     trn.add_argument("--lr", type=float, default=1e-3)
+    trn.add_argument(
+        "--feature-weight",
+        type=float,
+        default=0.1,
+        help="weight of the hidden-state regression (EAGLE-3's training-time test drops it: 0)",
+    )
+    trn.add_argument(
+        "--fusion-layers",
+        default="",
+        help="lower target layers fused into the drafter's input, e.g. 2,15 (EAGLE-3)",
+    )
     trn.add_argument("--draft-vocab", type=int, default=8192, help="compressed draft vocabulary")
     trn.add_argument("--temperatures", default="0,0.7,1", help="one answer per prompt for each")
     trn.add_argument("--answer-tokens", type=int, default=256, help="max new tokens per answer")

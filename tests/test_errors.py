@@ -174,3 +174,16 @@ def test_nan_logits_are_reported(tiny_target):
         config=SpecConfig(tree=TreeConfig.chain(1)),
     )
     assert int(out.stats["nonfinite_logits"][0]) > 0
+
+
+def test_train_drafter_refuses_bad_fusion_layers_before_distilling(shared_dir, tmp_path, capsys):
+    from conftest import require
+
+    from specjax.cli import main
+    from specjax.paths import STORIES260K
+
+    target = require(shared_dir / STORIES260K)
+    argv = ["train-drafter", "--target", str(target), "--out", str(tmp_path / "d")]
+    assert main([*argv, "--fusion-layers", "3,9"]) == 2
+    assert "fusion_layers must be increasing layer indices in [1, 5)" in capsys.readouterr().err
+    assert not (tmp_path / "stories260K-distill").exists()  # nothing was distilled
