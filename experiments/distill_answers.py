@@ -28,6 +28,8 @@ SYNTHETIC_CHAT = DistillConfig(
 )
 
 # Answers at three temperatures to the first turns of EAGLE's alpaca/gsm8k/humaneval/sum sets.
+# Those files are evaluation data: the set is kept for the drafters that were trained on it, and
+# no new training run uses it (experiments/train_drafters.py refuses it).
 CHAT_SETS = DistillConfig(kind="chat", temperatures=(0.0, 0.7, 1.0), max_new_tokens=256, batch=32)
 
 # Greedy answers to multi-part requests in eight task families (specjax.train.broad_prompts),

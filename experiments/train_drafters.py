@@ -6,7 +6,7 @@ a training card that states the measured tau.
     python experiments/train_drafters.py --only smollm2-mdc       # one of them
     python experiments/train_drafters.py --only stories260K-eagle --steps 100   # a quick try
     python experiments/train_drafters.py --only smollm2-mdc --remeasure   # card tau only
-    python experiments/train_drafters.py --only smollm2-mdc --extra smollm2-chat
+    python experiments/train_drafters.py --only smollm2-mdc --extra smollm2-tasks
         # also train on another committed answer set (experiments/distill_answers.py)
     python experiments/train_drafters.py --only smollm2-eagle --steps 400 --out runs/noise \
         --train feature_noise=0.1 --recipe draft_vocab=16384
@@ -48,6 +48,9 @@ CHAT_TRAIN = TrainConfig(steps=1200, batch=8, levels=3, lr=2e-3, warmup=60)
 # multi-part requests) and the first 3 of smollm2-chat (96 answers to EAGLE's alpaca prompts).
 SMOLLM2_SHARDS = 60
 SMOLLM2_EXTRA = (("smollm2-broad", 19), ("smollm2-chat", 3))
+# Answer sets written from evaluation prompts (EAGLE's question files): no new run trains on them
+# (the shipped SmolLM2 drafters above predate that rule).
+EVALUATION_DERIVED = ("smollm2-chat",)
 
 # The mdc readout injects the parent and the grandparent token: on stories260K (400 steps, same
 # data) tau 4.84 against 4.64 with the parent only, unrolled-level agreement at levels 3/4
@@ -181,6 +184,11 @@ def main(argv=None) -> int:
     )
     args = parser.parse_args(argv)
     for extra in args.extra:
+        if extra in EVALUATION_DERIVED:
+            parser.error(
+                f"--extra {extra}: its prompts are EAGLE's question files, which are evaluation "
+                "data; train on smollm2-broad or smollm2-tasks instead"
+            )
         if extra in ANSWER_SET.values():
             parser.error(f"--extra {extra}: that set is already a recipe's own data")
     for name in args.only or sorted(RECIPES):
