@@ -5,6 +5,7 @@ budget, on more prompts than the timed comparison (experiments/drafters.py) can 
     python experiments/drafter_tau.py                      # 80 MT-bench + 80 qa turns, T=0 and 1
     python experiments/drafter_tau.py --n 10 --sets mt_bench --temperatures 0   # a quick look
     python experiments/drafter_tau.py --drafter DIR --drafter DIR2   # other drafter directories
+    python experiments/drafter_tau.py --sets qa sum gsm8k --temperatures 0   # and all three
 
 Every prompt is decoded with max_new_tokens new tokens in batches of 8 rows (rows never depend
 on each other, so batching does not change a row's tokens), tree 31 nodes / depth 6 / top-8.
@@ -52,7 +53,9 @@ def main(argv=None) -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=80, help="prompts per set (first turns)")
-    parser.add_argument("--sets", nargs="+", default=["mt_bench", "qa"], choices=["mt_bench", "qa"])
+    parser.add_argument(
+        "--sets", nargs="+", default=["mt_bench", "qa"], choices=sorted(SPEC_BENCH_FILES)
+    )
     parser.add_argument("--temperatures", nargs="+", type=float, default=[0.0, 1.0])
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--drafter", action="append", default=None, help="drafter directory")
@@ -108,6 +111,15 @@ def main(argv=None) -> int:
             f"| {set_name} | {temperature:g} | {name} | {n} | {taus.mean():.3f} ± "
             f"{interval(taus):.3f} | {reused} | {calls} |"
         )
+    if len(args.sets) > 1:
+        lines += ["", "All sets together (every prompt weighs the same):", ""]
+        for temperature in args.temperatures:
+            for name in drafters:
+                x = np.concatenate([per_prompt[(s, temperature, name)] for s in args.sets])
+                lines.append(
+                    f"- {'+'.join(args.sets)} T={temperature:g} {name}: {x.mean():.3f} ± "
+                    f"{interval(x):.3f} ({len(x)} prompts)"
+                )
     names = list(drafters)
     if len(names) == 2:
         a, b = names
