@@ -47,13 +47,18 @@ TTT_LEVELS = 6  # the card tree's depth: every level a drafted node can sit at i
 
 
 def variant_recipe(recipe, target: str, variant: str):
-    """The recipe with EAGLE-3's changes named by variant: base | fusion | ttt | both."""
+    """The recipe with EAGLE-3's changes named by variant: base | fusion | ttt | both, or one
+    half of training-time test: ttt-levels (every level, regression kept) | ttt-noreg (no
+    regression, the recipe's levels)."""
     if variant in ("fusion", "both"):
         recipe = dataclasses.replace(recipe, fusion_layers=FUSION[target])
-    if variant in ("ttt", "both"):
-        train = dataclasses.replace(recipe.train, levels=TTT_LEVELS, feature_weight=0.0)
-        recipe = dataclasses.replace(recipe, train=train)
-    return recipe
+    changes = {
+        "ttt": {"levels": TTT_LEVELS, "feature_weight": 0.0},
+        "both": {"levels": TTT_LEVELS, "feature_weight": 0.0},
+        "ttt-levels": {"levels": TTT_LEVELS},
+        "ttt-noreg": {"feature_weight": 0.0},
+    }.get(variant, {})
+    return dataclasses.replace(recipe, train=dataclasses.replace(recipe.train, **changes))
 
 
 def held_out_prompts(loaded, target: str, n: int) -> tuple[str, list[list[int]]]:
@@ -85,7 +90,7 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--variants",
         nargs="+",
-        choices=["base", "fusion", "ttt", "both"],
+        choices=["base", "fusion", "ttt", "both", "ttt-levels", "ttt-noreg"],
         default=["base", "fusion", "ttt", "both"],
     )
     parser.add_argument("--steps", type=int, default=None, help="override the recipe's steps")
@@ -164,7 +169,8 @@ def main(argv=None) -> int:
         f"- variants: base = the shipped recipe (experiments/train_drafters.py); fusion = the "
         f"hidden states after layers {FUSION[args.target]} fused into the last one's "
         f"(DrafterConfig.fusion_layers); ttt = training-time test: {TTT_LEVELS} unrolled levels "
-        "(every depth of the tree) and no feature regression (feature_weight 0); both = the two",
+        "(every depth of the tree) and no feature regression (feature_weight 0); both = the two; "
+        "ttt-levels / ttt-noreg = the two halves of ttt alone",
         f"- wall time: {(time.perf_counter() - t_start) / 60:.1f} min",
         "",
         "| kind | variant | levels / feature weight | minutes (data, training, card) | "
