@@ -61,28 +61,12 @@ def variant_recipe(recipe, target: str, variant: str):
     return dataclasses.replace(recipe, train=dataclasses.replace(recipe.train, **changes))
 
 
-def held_out_prompts(loaded, target: str, n: int) -> tuple[str, list[list[int]]]:
-    from specjax.datasets import (
-        encode_question,
-        read_spec_bench,
-        select_questions,
-        tinystories_prompts,
-    )
-
-    if target == "stories260K":
-        return f"{n} TinyStories dev prefixes", tinystories_prompts(loaded.tokenizer, n)
-    qs = select_questions(read_spec_bench("mt_bench_question.jsonl"), n)
-    return f"{len(qs)} MT-bench first turns", [
-        encode_question(loaded.tokenizer, q.turns[0]) for q in qs
-    ]
-
-
 def main(argv=None) -> int:
     import specjax
     from specjax.benchmark import device_header
     from specjax.drafters import load_drafter
     from specjax.paths import shared_path
-    from specjax.train.pipeline import measure_tau, train_drafter
+    from specjax.train.pipeline import eval_prompts, measure_tau, train_drafter
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", choices=sorted(FUSION), default="stories260K")
@@ -142,7 +126,8 @@ def main(argv=None) -> int:
 
     loaded = specjax.load(shared_path(RECIPES[f"{args.target}-{args.kinds[0]}"][0]))
     eos = loaded.tokenizer.eos_id if loaded.tokenizer else None
-    what, prompts = held_out_prompts(loaded, args.target, args.n)
+    data_kind = RECIPES[f"{args.target}-{args.kinds[0]}"][1].data_kind
+    what, prompts = eval_prompts(loaded, data_kind, args.n)  # TinyStories dev / MT-bench
     taus = {}
     for (kind, variant), (folder, _) in trained.items():
         drafter = load_drafter(folder, loaded.model, pre_verifier=False)
