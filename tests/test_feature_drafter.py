@@ -305,7 +305,8 @@ def test_recorded_hidden_states_equal_teacher_forced_ones(tiny_target):
     assert np.all(recorded[:, -1] == 0)  # the last token is never read
 
 
-@pytest.mark.parametrize("kind", [pytest.param("mdc", marks=pytest.mark.slow), "eagle-fused"])
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["mdc", "eagle-fused"])
 def test_training_lowers_the_loss(tiny_target, kind):
     """A few optax steps on target-written sequences raise the drafter's agreement (for a fused
     drafter, on features that hold its fusion layer, and the fusion is trained)."""
