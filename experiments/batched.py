@@ -24,6 +24,7 @@ from pathlib import Path
 
 import jax
 import numpy as np
+from flax import nnx
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -41,6 +42,15 @@ def main(argv=None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--no-hf", action="store_true")
+    parser.add_argument(
+        "--no-spec",
+        action="store_true",
+        help="skip the speculative call "
+        "(its first call at a new batch size measures costs for minutes)",
+    )
+    parser.add_argument(
+        "--no-block", action="store_true", help="skip specjax generate with the one-block prefill"
+    )
     parser.add_argument("--out", default=str(RESULTS / "batched.md"))
     args = parser.parse_args(argv)
 
@@ -68,6 +78,49 @@ def main(argv=None) -> int:
         out = specjax.generate(loaded.model, prompts, max_new_tokens=args.max_new_tokens,
                                eos_id=eos)  # fmt: skip
         return jax.block_until_ready(out)
+
+    def one_block_generate():
+        """specjax generate as it was before the packed prefill: the same jitted program traced
+        with the packed path switched off (a fresh jit, so its compiled program keeps the
+        one-block prefill while the library's default stays packed)."""
+        import specjax.prefill
+        from specjax.decode import _generate, check_eos, prepare_keys, prepare_prompts
+
+        fresh = jax.jit(
+            _generate.__wrapped__,
+            static_argnames=(
+                "graphdef",
+                "max_new_tokens",
+                "sampling",
+                "attn_impl",
+                "record_hidden",
+                "mesh",
+            ),
+        )
+        graphdef, params = nnx.split(loaded.model)
+
+        def run(prompts):
+            ids, lens = prepare_prompts(prompts, loaded.model.config, args.max_new_tokens)
+            keys = prepare_keys(None, ids.shape[0])
+            saved = specjax.prefill.PACKED_MIN_BATCH
+            specjax.prefill.PACKED_MIN_BATCH = 1 << 30  # read when the program is traced
+            try:
+                out = fresh(
+                    graphdef,
+                    params,
+                    ids,
+                    lens,
+                    keys,
+                    np.int32(check_eos(eos, loaded.model.config)),
+                    max_new_tokens=args.max_new_tokens,
+                    sampling=specjax.SamplingConfig(),
+                    attn_impl="auto",
+                )
+            finally:
+                specjax.prefill.PACKED_MIN_BATCH = saved
+            return jax.block_until_ready(out)
+
+        return run
 
     def run_spec(prompts):
         out = specjax.speculative_generate(
@@ -128,7 +181,11 @@ def main(argv=None) -> int:
     lines = []
     for b in args.batches:
         prompts = [base[i % len(base)] for i in range(b)]
-        methods = {"specjax generate": run_ar, "specjax speculative (auto, eagle)": run_spec}
+        methods = {"specjax generate": run_ar}
+        if not args.no_block:
+            methods["specjax generate, one-block prefill"] = one_block_generate()
+        if not args.no_spec:
+            methods["specjax speculative (auto, eagle)"] = run_spec
         if hf is not None:
             methods["transformers generate"] = run_hf
         outs, times = {}, {name: [] for name in methods}

@@ -70,7 +70,7 @@ def _worker(case_index: int, reps: int, contexts: tuple[int, ...]) -> dict:
         from specjax.bench import encode_question, read_spec_bench
         from specjax.benchmark import tinystories_prompts
     from specjax.cache import commit_path, init_cache
-    from specjax.decode import prefill
+    from specjax.prefill import prefill
     from specjax.tree import ancestor_mask
 
     name, target_name, drafter_spec, tree_spec = CASES[case_index]

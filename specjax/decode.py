@@ -22,6 +22,7 @@ from flax import nnx
 
 from specjax.cache import KVCache, init_cache
 from specjax.config import ModelConfig, SamplingConfig
+from specjax.prefill import prefill
 from specjax.sampling import apply_sampling
 from specjax.sharding import (
     check_batch,
@@ -144,31 +145,6 @@ def check_eos(eos_id, cfg: ModelConfig) -> int:
 def check_sampling(sampling: SamplingConfig) -> None:
     if not isinstance(sampling, SamplingConfig):
         raise ValueError(f"sampling must be a SamplingConfig, got {type(sampling).__name__}")
-
-
-def prefill(
-    model,
-    ids: jax.Array,
-    prompt_lens: jax.Array,
-    cache: KVCache,
-    attn_impl: str,
-    return_hidden: tuple[int, ...] = (),
-):
-    """Run the padded prompts [B, T] from position 0; returns (logits at each row's last prompt
-    token [B, V], cache with lengths = prompt_lens, requested hidden states [B, T, M])."""
-    b, t = ids.shape
-    positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-    out = model(
-        ids,
-        positions=positions,
-        cache=cache,
-        tree_mask=causal_mask(b, t),
-        logits_index=(prompt_lens - 1)[:, None],
-        return_hidden=return_hidden,
-        attn_impl=attn_impl,
-    )
-    cache = out.cache.replace(lengths=prompt_lens)
-    return out.logits[:, 0], cache, out.hidden
 
 
 def choose_tokens(logits: jax.Array, keys: jax.Array, step, sampling: SamplingConfig) -> jax.Array:

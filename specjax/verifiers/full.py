@@ -15,7 +15,7 @@ from flax import nnx
 from specjax import verify as rules
 from specjax.cache import KVCache, commit_path, init_cache
 from specjax.config import SamplingConfig, SpecConfig
-from specjax.decode import prefill
+from specjax.prefill import prefill
 from specjax.sampling import apply_sampling
 from specjax.sharding import gather_logits
 from specjax.tree import Acceptance, DraftTree
