@@ -10,8 +10,12 @@ Prompts: the first B MT-bench first turns (80 exist; B > 80 repeats them) in the
 ragged (left-padded for transformers), every row stopping at EOS. Throughput = generated tokens
 (EOS included) / wall seconds of the whole batch, median over interleaved repetitions after one
 warm-up call each (compilation excluded). Greedy outputs are compared row by row with specjax
-autoregressive decoding. Rows that finish early: specjax keeps computing them until the batch
-ends (the "tokens per row-step" column: generated tokens / (B x steps)).
+autoregressive decoding. specjax generate runs large batches with two paths of its own: the
+packed prefill (specjax.prefill: prompts in length-sorted chunks, not one padded block) and
+finished-row compaction (specjax.decode: decoding in phases of B, B/2, ... rows); the
+"one-block prefill" and "no compaction" rows are the same call with one path switched off.
+"tokens per row-step": generated tokens / (B x steps of the batch), the share of row-steps that
+produced a token had every row been decoded to the end of the batch.
 """
 
 from __future__ import annotations
@@ -27,6 +31,11 @@ import numpy as np
 from flax import nnx
 
 RESULTS = Path(__file__).resolve().parent / "results"
+# specjax generate with one large-batch path switched off: (module, knob) in specjax.
+BASELINES = {
+    "one-block prefill": ("prefill", "PACKED_MIN_BATCH"),
+    "no compaction": ("decode", "COMPACT_MIN_BATCH"),
+}
 
 
 def main(argv=None) -> int:
@@ -48,9 +57,8 @@ def main(argv=None) -> int:
         help="skip the speculative call "
         "(its first call at a new batch size measures costs for minutes)",
     )
-    parser.add_argument(
-        "--no-block", action="store_true", help="skip specjax generate with the one-block prefill"
-    )
+    parser.add_argument("--baselines", nargs="*", default=list(BASELINES), choices=BASELINES,
+                        help="specjax generate with a large-batch path off")  # fmt: skip
     parser.add_argument("--out", default=str(RESULTS / "batched.md"))
     args = parser.parse_args(argv)
 
@@ -79,45 +87,33 @@ def main(argv=None) -> int:
                                eos_id=eos)  # fmt: skip
         return jax.block_until_ready(out)
 
-    def one_block_generate():
-        """specjax generate as it was before the packed prefill: the same jitted program traced
-        with the packed path switched off (a fresh jit, so its compiled program keeps the
-        one-block prefill while the library's default stays packed)."""
-        import specjax.prefill
+    def generate_without(module, knob):
+        """specjax generate with one of its large-batch paths switched off (`knob` of
+        specjax.`module` raised out of reach): the same jitted program traced while the knob is
+        raised, as a fresh jit, so its compiled program keeps the old path while the library's
+        default stays on. prefill.PACKED_MIN_BATCH: the one-block prefill;
+        decode.COMPACT_MIN_BATCH: finished rows decoded to the end of the batch."""
+        import importlib
+
         from specjax.decode import _generate, check_eos, prepare_keys, prepare_prompts
 
-        fresh = jax.jit(
-            _generate.__wrapped__,
-            static_argnames=(
-                "graphdef",
-                "max_new_tokens",
-                "sampling",
-                "attn_impl",
-                "record_hidden",
-                "mesh",
-            ),
-        )
+        mod = importlib.import_module(f"specjax.{module}")
+        static = ("graphdef", "max_new_tokens", "sampling", "attn_impl", "record_hidden", "mesh")
+        fresh = jax.jit(_generate.__wrapped__, static_argnames=static)
         graphdef, params = nnx.split(loaded.model)
+        eos_id = np.int32(check_eos(eos, loaded.model.config))
 
         def run(prompts):
             ids, lens = prepare_prompts(prompts, loaded.model.config, args.max_new_tokens)
             keys = prepare_keys(None, ids.shape[0])
-            saved = specjax.prefill.PACKED_MIN_BATCH
-            specjax.prefill.PACKED_MIN_BATCH = 1 << 30  # read when the program is traced
+            saved = getattr(mod, knob)
+            setattr(mod, knob, 1 << 30)  # read when the program is traced (the first call)
             try:
-                out = fresh(
-                    graphdef,
-                    params,
-                    ids,
-                    lens,
-                    keys,
-                    np.int32(check_eos(eos, loaded.model.config)),
-                    max_new_tokens=args.max_new_tokens,
-                    sampling=specjax.SamplingConfig(),
-                    attn_impl="auto",
-                )
+                out = fresh(graphdef, params, ids, lens, keys, eos_id,
+                            max_new_tokens=args.max_new_tokens, sampling=specjax.SamplingConfig(),
+                            attn_impl="auto")  # fmt: skip
             finally:
-                specjax.prefill.PACKED_MIN_BATCH = saved
+                setattr(mod, knob, saved)
             return jax.block_until_ready(out)
 
         return run
@@ -170,10 +166,10 @@ def main(argv=None) -> int:
             *lines,
             "",
             "tokens per row-step: generated tokens / (B x target steps of the batch); for plain "
-            "decoding the share of row-steps that produced a token (rows that finished early keep "
-            "computing until the whole batch ends). = specjax AR: rows whose greedy output "
-            "equals specjax autoregressive decoding. On CPU, compare within a batch size (same "
-            "process), not across machines.",
+            "decoding the share of row-steps that would produce a token if every row ran to the "
+            "end of the batch (with compaction, finished rows leave in phases of B/2, B/4, ...). "
+            "= specjax AR: rows whose greedy output equals specjax generate's. On CPU, compare "
+            "within a batch size (same process), not across machines.",
             f"Batch sizes measured: up to B={done} of {args.batches}.",
         ]
         Path(args.out).write_text("\n".join(table) + "\n")
@@ -182,8 +178,8 @@ def main(argv=None) -> int:
     for b in args.batches:
         prompts = [base[i % len(base)] for i in range(b)]
         methods = {"specjax generate": run_ar}
-        if not args.no_block:
-            methods["specjax generate, one-block prefill"] = one_block_generate()
+        for name in args.baselines:
+            methods[f"specjax generate, {name}"] = generate_without(*BASELINES[name])
         if not args.no_spec:
             methods["specjax speculative (auto, eagle)"] = run_spec
         if hf is not None:

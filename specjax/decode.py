@@ -25,6 +25,7 @@ from specjax.config import ModelConfig, SamplingConfig
 from specjax.prefill import prefill
 from specjax.sampling import apply_sampling
 from specjax.sharding import (
+    active_mesh,
     check_batch,
     constrain_rows,
     gather_logits,
@@ -161,15 +162,37 @@ def choose_tokens(logits: jax.Array, keys: jax.Array, step, sampling: SamplingCo
     )
 
 
+COMPACT_MIN_BATCH = 8  # below this a finished row costs too little to be worth a phase
+COMPACT_MIN_ROWS = 4  # the smallest phase
+
+
 @flax.struct.dataclass
 class _ARState:
     step: jax.Array  # scalar: number of tokens produced so far per live row
-    tokens: jax.Array  # [B, max_new]
-    last: jax.Array  # [B] last emitted token, fed next
+    tokens: jax.Array  # [B, max_new] (every row of the batch, indexed by the rows' ids)
     n_generated: jax.Array  # [B]
-    done: jax.Array  # [B]
-    cache: KVCache
+    rows: jax.Array  # [R] which rows of the batch this phase decodes (R <= B)
+    last: jax.Array  # [R] last emitted token, fed next
+    done: jax.Array  # [R]
+    cache: KVCache  # [L, R, S, K, D]
     hidden: jax.Array | None  # [B, max_new, M] last hidden state of each fed token, if recorded
+
+
+def row_phases(batch: int, compact: bool) -> tuple[int, ...]:
+    """Batch sizes of the decoding phases: the whole batch, then halves while the rows still
+    live fit (see _generate_loop); one phase when not compacting or for small batches."""
+    sizes = [batch]
+    if compact and batch >= COMPACT_MIN_BATCH:
+        while sizes[-1] // 2 >= COMPACT_MIN_ROWS:
+            sizes.append(sizes[-1] // 2)
+    return tuple(sizes)
+
+
+def keep_live_rows(s: _ARState, size: int) -> _ARState:
+    """The state on `size` of its rows, the live ones first (finished rows fill the rest)."""
+    keep = jnp.argsort(s.done, stable=True)[:size]
+    cache = KVCache(k=s.cache.k[:, keep], v=s.cache.v[:, keep], lengths=s.cache.lengths[keep])
+    return s.replace(rows=s.rows[keep], last=s.last[keep], done=s.done[keep], cache=cache)
 
 
 @functools.partial(
@@ -203,7 +226,13 @@ def _generate(
 def _generate_loop(
     model, ids, prompt_lens, keys, eos_id, *, max_new_tokens, sampling, attn_impl, record_hidden
 ):
-    """The body of _generate (under the mesh context when there is one)."""
+    """The body of _generate (under the mesh context when there is one).
+
+    Finished rows stop costing in large batches: decoding runs in phases of B, B/2, B/4, ...
+    rows; a phase ends when its live rows fit in the next one, and the live rows (with their
+    caches) are then gathered into it. A row's tokens depend only on its own cache and key, so
+    the output is the same as one loop over the whole batch. Without a mesh only (rows are
+    sharded over 'data' on one) and not when recording hidden states."""
     b, t = ids.shape
     cache = init_cache(model.config, b, t + max_new_tokens)
     last_layer = model.config.n_layers
@@ -217,8 +246,9 @@ def _generate_loop(
     state = _ARState(
         step=jnp.int32(1),
         tokens=tokens,
-        last=first,
         n_generated=jnp.ones((b,), jnp.int32),
+        rows=jnp.arange(b, dtype=jnp.int32),
+        last=first,
         done=done,
         cache=cache,
         hidden=jnp.zeros((b, max_new_tokens, model.config.d_model), jnp.float32)
@@ -227,43 +257,52 @@ def _generate_loop(
     )
     state = constrain_rows(state, b)
 
-    def cond(s: _ARState):
-        return (s.step < max_new_tokens) & ~jnp.all(s.done)
-
     def body(s: _ARState):
+        r = s.rows.shape[0]
         out = model(
             s.last[:, None],
             positions=s.cache.lengths[:, None],
             cache=s.cache,
-            tree_mask=jnp.ones((b, 1, 1), bool),
+            tree_mask=jnp.ones((r, 1, 1), bool),
             return_hidden=wanted,
             attn_impl=attn_impl,
         )
         hidden = s.hidden
         if record_hidden:  # the token fed at this step is generated token step - 1
-            hidden = hidden.at[:, s.step - 1].set(out.hidden[last_layer][:, 0].astype(jnp.float32))
+            hidden = hidden.at[s.rows, s.step - 1].set(
+                out.hidden[last_layer][:, 0].astype(jnp.float32)
+            )
         live = ~s.done
         cache = out.cache.replace(lengths=s.cache.lengths + live)
-        nxt = choose_tokens(out.logits[:, 0], keys, s.step, sampling)
+        nxt = choose_tokens(out.logits[:, 0], keys[s.rows], s.step, sampling)
         nxt = jnp.where(live, nxt, 0)
-        tokens = s.tokens.at[:, s.step].set(nxt)
-        done = s.done | (nxt == eos_id) | (s.step + 1 >= max_new_tokens)
-        new = _ARState(
+        new = s.replace(
             step=s.step + 1,
-            tokens=tokens,
+            tokens=s.tokens.at[s.rows, s.step].set(nxt),
+            n_generated=s.n_generated.at[s.rows].add(live),
             last=nxt,
-            n_generated=s.n_generated + live,
-            done=done,
+            done=s.done | (nxt == eos_id) | (s.step + 1 >= max_new_tokens),
             cache=cache,
             hidden=hidden,
         )
         return constrain_rows(new, b)
 
-    final = jax.lax.while_loop(cond, body, state)
+    compact = active_mesh() is None and not record_hidden
+    phases = row_phases(b, compact)
+    for i, size in enumerate(phases):
+        if i:
+            state = keep_live_rows(state, size)
+        smaller = phases[i + 1] if i + 1 < len(phases) else 0
+
+        def cond(s: _ARState, smaller=smaller):
+            going = (s.step < max_new_tokens) & ~jnp.all(s.done)
+            return going & (jnp.sum(~s.done) > smaller)
+
+        state = jax.lax.while_loop(cond, body, state)
     stats = None
     if record_hidden:
-        stats = {"prompt_hidden": prompt_hidden[last_layer], "hidden": final.hidden}
-    return GenerateOutput(tokens=final.tokens, lengths=final.n_generated, stats=stats)
+        stats = {"prompt_hidden": prompt_hidden[last_layer], "hidden": state.hidden}
+    return GenerateOutput(tokens=state.tokens, lengths=state.n_generated, stats=stats)
 
 
 def generate(

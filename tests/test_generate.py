@@ -36,6 +36,32 @@ def test_ragged_batch_rows_equal_single_rows(tiny, temperature):
         np.testing.assert_array_equal(batch.tokens[i], alone.tokens[0])
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_finished_rows_leave_the_batch_rows_equal_alone(temperature):
+    """At B >= COMPACT_MIN_BATCH rows that stop early leave decoding in phases (the live rows
+    and their caches are gathered into a smaller batch): each row's tokens and length still
+    equal the row decoded alone."""
+    graphdef, params = nnx.split(specjax.Llama(TINY, rngs=nnx.Rngs(1)))
+    # Sharper logits than the random init, so greedy rows do not all fall into one loop.
+    model = nnx.merge(graphdef, jax.tree.map(lambda x: x * 3.0 if x.ndim >= 2 else x, params))
+    b, n = decode.COMPACT_MIN_BATCH, 24
+    prompts = [[1 + i, 3, (5 * i) % TINY.vocab_size] for i in range(b)]
+    sampling = SamplingConfig(temperature=temperature)
+    keys = jax.random.split(jax.random.key(11), b)
+    free = specjax.generate(model, prompts, max_new_tokens=n, sampling=sampling, key=keys)
+    eos = int(np.bincount(np.asarray(free.tokens).ravel()).argmax())  # the most common token
+    batch = specjax.generate(model, prompts, max_new_tokens=n, sampling=sampling, key=keys,
+                             eos_id=eos)  # fmt: skip
+    lengths = np.asarray(batch.lengths)
+    # More than half the rows stop before the budget, so the last phase ran on fewer rows.
+    assert (lengths < n).sum() > b - decode.COMPACT_MIN_ROWS, lengths
+    for i, prompt in enumerate(prompts):
+        alone = specjax.generate(model, [prompt], max_new_tokens=n, sampling=sampling,
+                                 key=keys[i : i + 1], eos_id=eos)  # fmt: skip
+        np.testing.assert_array_equal(np.asarray(batch.tokens[i]), np.asarray(alone.tokens[0]))
+        assert lengths[i] == int(alone.lengths[0])
+
+
 def test_greedy_matches_full_recompute(tiny):
     """Each greedy token equals the argmax of a fresh full forward over the sequence so far."""
     prompt = [1, 4, 2, 8]
