@@ -179,8 +179,8 @@ def test_drafting_follows_the_unrolled_training_forward(tiny_target, kind):
     n, depth = prompt.shape[1], 3
     cache_len = 32
     from specjax.cache import init_cache
-    from specjax.prefill import prefill
     from specjax.drafters.base import RootContext
+    from specjax.prefill import prefill
 
     cache = init_cache(target.config, 1, cache_len)
     lens = jnp.asarray([n])

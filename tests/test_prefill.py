@@ -93,7 +93,8 @@ def test_generate_rows_through_packed_prefill_equal_rows_alone(tiny, packed_call
     prompts = long_prompts(PACKED_MIN_BATCH)
     batch = specjax.generate(tiny, prompts, max_new_tokens=10)
     assert packed_calls, "the batch did not take the packed prefill"
-    for i in (0, 1, 2):  # the longest, the shortest, one in between (each alone: one block)
+    # The two longest and two shortest rows, each alone (one block; two prompt widths compiled).
+    for i in (0, 5, 1, 6):
         alone = specjax.generate(tiny, [prompts[i]], max_new_tokens=10)
         np.testing.assert_array_equal(np.asarray(batch.tokens[i]), np.asarray(alone.tokens[0]))
 
