@@ -57,6 +57,13 @@ EVALUATION_DERIVED = ("smollm2-chat",)
 # 0.631/0.605 against 0.585/0.535 (the EAGLE-style drafter: 4.68).
 PATH_TOKENS = {"mdc": 2, "eagle": 1}
 
+# EAGLE-3's multi-layer fusion (DrafterConfig.fusion_layers) where it measured better: stories260K
+# eagle at the full recipe, tau +0.113 +- 0.063 at T=0 and +0.049 +- 0.174 at T=1 over the same
+# recipe without it (40 dev prefixes, experiments/results/drafter_ablation_stories260K_full.md).
+# mdc gained nothing at 400 steps (drafter_ablation_stories260K.md); SmolLM2 eagle +0.007 +- 0.030
+# at a short budget (drafter_ablation_smollm2.md).
+FUSION_LAYERS = {"stories260K-eagle": (1, 3)}
+
 # target -> the directory name of its drafters' own answers (under experiments/answers) and
 # features (under experiments/cache/distill)
 ANSWER_SET = {"smollm2": "smollm2-synthetic", "stories260K": "stories260K-story"}
@@ -72,6 +79,7 @@ RECIPES = {
             train=STORY_TRAIN,
             draft_vocab=512,
             path_tokens=PATH_TOKENS[kind],
+            fusion_layers=FUSION_LAYERS.get(f"stories260K-{kind}", ()),
         ),
     )
     for kind in ("mdc", "eagle")
