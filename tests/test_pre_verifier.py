@@ -56,13 +56,13 @@ def target():
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9], [3]]
 
 
-# The default run keeps a dynamic tree (feature drafter) and a static one (LM drafter); the
-# other drafter kinds and the chain run under `slow`.
+# The default run keeps a dynamic tree (feature drafter; test_sampled_children_are_never_pruned
+# runs an LM drafter with a pre-verifier); the other drafter kinds and trees run under `slow`.
 @pytest.mark.parametrize(
     ("drafter_kind", "tree"),
     [
         ("eagle", TreeConfig.dynamic(9, 4, 3)),
-        ("self", TreeConfig(branching=(2, 2, 1))),
+        pytest.param("self", TreeConfig(branching=(2, 2, 1)), marks=pytest.mark.slow),
         pytest.param("mdc", TreeConfig.dynamic(6, 3, 2), marks=pytest.mark.slow),
         pytest.param("self", TreeConfig.chain(4), marks=pytest.mark.slow),
     ],
