@@ -274,7 +274,7 @@ def calibrate(
         drafter,
         prompts,
         max_new_tokens=max_new_tokens,
-        config=SpecConfig(tree=probe),
+        config=SpecConfig(tree=probe, pre_verify=False),  # the whole probe tree
         sampling=sampling,
         key=jax.random.key(0) if key is None else key,
         eos_id=eos_id,

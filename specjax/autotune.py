@@ -42,7 +42,7 @@ from specjax.tree import causal_mask
 
 DEFAULT_NODES = (1, 2, 4, 8, 16, 32, 64)
 DEFAULT_CONTEXT = 256  # committed positions before the measured block
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3  # 3: drafter and step costs measured without the drafter's pre-verifier
 AR_TOKENS = 33  # tokens of the timed generate call (autoregressive cost per token)
 STATIC_DRAFT_NODES = (2, 4, 8, 16, 32, 64)
 
@@ -170,29 +170,30 @@ def measure_verify_costs(
     if with_ar:
         if progress is not None:
             progress("measuring autoregressive decoding")
-        ar = measure_ar_token(
-            target, forward, params, cache, batch=batch, context=context, reps=reps
-        )
+        ar = measure_ar_token(target, batch=batch, context=context, reps=reps)
     return VerifyCosts(key=key, nodes=nodes, seconds=tuple(seconds), ar_token=ar)
 
 
-def measure_ar_token(target, forward, params, cache, *, batch, context, reps) -> float:
-    """Seconds per token of specjax.generate itself (its while_loop, sampling and bookkeeping
-    included: for a small model they are a large part of a step): a generate call of AR_TOKENS
-    tokens after `context` prompt tokens, minus its prefill (timed as one forward over the
-    prompt), over the AR_TOKENS - 1 decode steps."""
+def plain_decoding_calls(target, ids) -> tuple[Callable[[], object], Callable[[], object]]:
+    """Two generate calls on `ids`: AR_TOKENS new tokens, and 1 (its prefill and first token).
+    Their time difference over AR_TOKENS - 1 is plain decoding's cost per token, the while_loop,
+    sampling and bookkeeping included, the prefill and the per-call host work (milliseconds:
+    a large share of a short call for a small model) excluded, as they are from the timed
+    speculative steps."""
     from specjax.decode import generate
 
-    ids = _context_prompts(target, batch, context)
-    run = time_interleaved(
-        {"generate": lambda: generate(target, ids, max_new_tokens=AR_TOKENS)}, max(reps, 3)
-    )["generate"].median
-    empty = cache.replace(lengths=jnp.zeros_like(cache.lengths))
-    prefill = seconds_per_iteration(
-        functools.partial(forward, n=context), params, (empty, jnp.ones((batch,), jnp.int32)),
-        reps=reps,
-    )  # fmt: skip
-    return max(run - prefill, 0.0) / (AR_TOKENS - 1)
+    return (
+        lambda: generate(target, ids, max_new_tokens=AR_TOKENS),
+        lambda: generate(target, ids, max_new_tokens=1),
+    )
+
+
+def measure_ar_token(target, *, batch, context, reps) -> float:
+    """Seconds per token of specjax.generate after `context` prompt tokens (see
+    plain_decoding_calls): medians of interleaved calls."""
+    long, short = plain_decoding_calls(target, _context_prompts(target, batch, context))
+    t = time_interleaved({"long": long, "short": short}, max(reps, 3))
+    return max(t["long"].median - t["short"].median, 0.0) / (AR_TOKENS - 1)
 
 
 def seconds_per_iteration(body, params, init, *, reps: int = 5, call_s: float = 0.05) -> float:
@@ -319,6 +320,8 @@ class DraftCosts:
 
     @classmethod
     def from_json(cls, data: dict) -> DraftCosts:
+        if data.get("version") != FORMAT_VERSION:
+            raise ValueError(f"cost file version {data.get('version')}, not {FORMAT_VERSION}")
         kw = {f.name: data[f.name] for f in dataclasses.fields(cls)}
         for name in ("nodes", "per_depth", "topk", "shallow", "deep"):
             kw[name] = tuple(kw[name])
@@ -332,14 +335,16 @@ def _context_prompts(target, batch: int, context: int) -> np.ndarray:
     return ids.astype(np.int32)
 
 
-def _time_propose(target, drafter, config, *, batch, context, reps, with_step=False):
-    """(seconds of drafter.propose, seconds of one whole step or None) for `config`, inside a
-    speculative state prefilled with `context` tokens, each timed in a loop of its own."""
-    from specjax.config import SamplingConfig
+def _time_propose(target, drafter, tree, *, batch, context, reps, with_step=False):
+    """(seconds of drafter.propose, seconds of one whole step or None) for `tree` (drafted and
+    verified whole: no pre-verifier), inside a speculative state prefilled with `context`
+    tokens, each timed in a loop of its own."""
+    from specjax.config import SamplingConfig, SpecConfig
     from specjax.drafters.base import RootContext
     from specjax.speculative import SteppedRun
 
     sampling = SamplingConfig()
+    config = SpecConfig(tree=tree, pre_verify=False)
     run = SteppedRun(
         target, drafter, _context_prompts(target, batch, context), max_new_tokens=4,
         config=config, sampling=sampling, key=jax.random.key(0),
@@ -403,10 +408,9 @@ def measure_step_costs(
     """(seconds per autoregressive token, seconds of one whole speculative step per tree),
     measured in the same interleaved rounds: a CPU's speed drifts by tens of percent within
     minutes, so the ratios that decide the choice are taken under the same conditions. Each
-    tree's step runs in a jitted loop sized to ~call_s; plain decoding is a generate call of
-    AR_TOKENS tokens minus its prefill."""
+    tree's step runs in a jitted loop sized to ~call_s; plain decoding is timed as in
+    plain_decoding_calls."""
     from specjax.config import SamplingConfig, SpecConfig
-    from specjax.decode import generate
     from specjax.speculative import SteppedRun
 
     prompts = _context_prompts(target, batch, context)
@@ -414,7 +418,7 @@ def measure_step_costs(
     for i, tree in enumerate(trees):
         if progress is not None:
             progress(f"timing candidate steps: {i + 1}/{len(trees)}")
-        config = SpecConfig(tree=tree)
+        config = SpecConfig(tree=tree, pre_verify=False)
         run = SteppedRun(target, drafter, prompts, max_new_tokens=4, config=config,
                          sampling=SamplingConfig(), key=jax.random.key(0))  # fmt: skip
         body, params, state = _step_body(run, config)
@@ -429,30 +433,18 @@ def measure_step_costs(
         n = int(min(1000, max(1, call_s / max(time.perf_counter() - t0, 1e-6))))
         loops.append((fn, params, state, n))
 
-    graphdef, params = nnx.split(target)
-    cache = init_cache(target.config, batch, context + 1)
-
-    def forward(params, carry, n):
-        cache, token = carry
-        model = nnx.merge(graphdef, params)
-        tokens = jnp.ones((batch, n), jnp.int32).at[:, 0].set(token)
-        positions = jnp.arange(n, dtype=jnp.int32)[None, :] + cache.lengths[:, None]
-        out = model(tokens, positions=positions, cache=cache, tree_mask=causal_mask(batch, n))
-        token = jnp.argmax(out.logits[:, -1], axis=-1).astype(jnp.int32)
-        return out.cache.replace(lengths=cache.lengths), token
-
-    prefill = seconds_per_iteration(
-        functools.partial(forward, n=context), params, (cache, jnp.ones((batch,), jnp.int32))
-    )
-    ar = lambda: generate(target, prompts, max_new_tokens=AR_TOKENS)  # noqa: E731
-    jax.block_until_ready(ar())
+    long, short = plain_decoding_calls(target, prompts)
+    jax.block_until_ready((long(), short()))
     ar_times, step_times = [], [[] for _ in loops]
     for r in range(rounds):
         if progress is not None:
             progress(f"timing candidate steps against plain decoding: round {r + 1}/{rounds}")
         t0 = time.perf_counter()
-        jax.block_until_ready(ar())
-        ar_times.append((time.perf_counter() - t0 - prefill) / (AR_TOKENS - 1))
+        jax.block_until_ready(long())
+        t1 = time.perf_counter()
+        jax.block_until_ready(short())
+        t2 = time.perf_counter()
+        ar_times.append(max((t1 - t0) - (t2 - t1), 0.0) / (AR_TOKENS - 1))
         for times, (fn, params, state, n) in zip(step_times, loops, strict=True):
             t0 = time.perf_counter()
             jax.block_until_ready(fn(params, state, n))
@@ -475,7 +467,7 @@ def measure_draft_costs(
 ) -> DraftCosts:
     """Time the drafter's propose at the shapes of the module docstring, and one whole step
     (for the overhead)."""
-    from specjax.config import SpecConfig, TreeConfig
+    from specjax.config import TreeConfig
 
     key = drafter_key(target, drafter, batch=batch, context=context)
     say = progress or (lambda message: None)
@@ -484,11 +476,11 @@ def measure_draft_costs(
         for i, k in enumerate(topks):
             say(f"measuring drafter cost: top-{k} ({i + 1}/{len(topks)})")
             shallow.append(_time_propose(
-                target, drafter, SpecConfig(tree=TreeConfig.dynamic(k, 1, k)),
+                target, drafter, TreeConfig.dynamic(k, 1, k),
                 batch=batch, context=context, reps=reps,
             )[0])  # fmt: skip
             deep.append(_time_propose(
-                target, drafter, SpecConfig(tree=TreeConfig.dynamic(k, deep_depth, k)),
+                target, drafter, TreeConfig.dynamic(k, deep_depth, k),
                 batch=batch, context=context, reps=reps,
             )[0])  # fmt: skip
         base = TreeConfig.dynamic(topks[0], 1, topks[0])
@@ -500,14 +492,14 @@ def measure_draft_costs(
             say(f"measuring drafter cost: {n} node(s) ({i + 1}/{len(nodes)})")
             tree = TreeConfig(branching=(n - 1,))  # one depth over a block of n nodes
             per_depth.append(_time_propose(
-                target, drafter, SpecConfig(tree=tree), batch=batch, context=context, reps=reps,
+                target, drafter, tree, batch=batch, context=context, reps=reps,
             )[0])  # fmt: skip
         base = TreeConfig(branching=(1,))
         costs = DraftCosts(key=key, kind="static", nodes=tuple(nodes),
                            per_depth=tuple(per_depth))  # fmt: skip
     say("measuring one whole step")
     t_propose, t_step = _time_propose(
-        target, drafter, SpecConfig(tree=base), batch=batch, context=context, reps=reps,
+        target, drafter, base, batch=batch, context=context, reps=reps,
         with_step=True,
     )  # fmt: skip
     overhead = max(t_step - t_propose - verify.t_verify(base.num_nodes), 0.0)

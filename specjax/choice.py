@@ -48,9 +48,12 @@ PROBE_TOPKS = (4, 8)
 # A calibration on the call's own prompts (nothing calibrated before) uses at most these.
 CALIBRATION_ROWS = 4
 CALIBRATION_TOKENS = 48
+# The smallest context costs are measured at (SpecConfig.auto() with context None): contexts are
+# rounded up to powers of two from here, so a machine measures a handful of cost sets at most.
+MIN_COST_CONTEXT = 64
 
 
-# Choices made in this process, by (target, drafter, batch, mode, room, AutoSpecConfig): a
+# Choices made in this process, by (target, drafter, batch, mode, room, context, AutoSpecConfig): a
 # repeated call skips the fingerprints and file reads.
 _CHOSEN: dict[tuple, tuple] = {}
 _ANNOUNCED: set[tuple] = set()
@@ -180,7 +183,10 @@ def choose(
     count = len(ranked) if measured is None else len(measured[1])
     if allow_autoregressive and rate * t_ar < 1.0:
         return Choice(None, 1.0, float(t_ar), float(t_ar), count)
-    config = SpecConfig(tree=tree, rule=rule, attn_impl=attn_impl)
+    # The profiles and the timed steps describe the whole tree: a pre-verifier pruning it would
+    # lower tau below the prediction (measured: stories260K-eagle 3.81 -> 2.95 at
+    # dynamic(6,6,4)) while the step costs what was timed, so the chosen tree runs without it.
+    config = SpecConfig(tree=tree, rule=rule, attn_impl=attn_impl, pre_verify=False)
     return Choice(config, float(tau), float(seconds), float(t_ar), count)
 
 
@@ -266,13 +272,20 @@ def find_profiles(
     return found
 
 
-def cost_context(target, auto: AutoSpecConfig) -> int:
-    """The context costs are measured at: auto.context, or less where the model's max_seq_len
-    leaves no room for the largest tree after it."""
+def cost_context(target, auto: AutoSpecConfig, call_context: float | None = None) -> int:
+    """The context costs are measured at: auto.context, else the call's mean context
+    (call_context; default MIN_COST_CONTEXT) rounded up to a power of two, at least
+    MIN_COST_CONTEXT; less where the model's max_seq_len leaves no room for the largest tree
+    after it."""
     from specjax.autotune import AR_TOKENS
 
+    context = auto.context
+    if context is None:
+        context = MIN_COST_CONTEXT
+        while context < (call_context or 0):
+            context *= 2
     largest = max(auto.max_nodes, AR_TOKENS)
-    return max(1, min(auto.context, target.config.max_seq_len - largest - 16))
+    return max(1, min(context, target.config.max_seq_len - largest - 16))
 
 
 def resolve_auto(
@@ -284,20 +297,22 @@ def resolve_auto(
     sampling: SamplingConfig,
     eos_id: int | None = None,
     room: int | None = None,
+    call_context: float | None = None,
 ) -> Choice:
     """Choose the config for a call (speculative_generate with SpecConfig.auto()). room: the
-    cache slots past the prompt and the new tokens (trees that need more are skipped)."""
+    cache slots past the prompt and the new tokens (trees that need more are skipped);
+    call_context: the call's mean context (see cost_context)."""
     batch = len(prompts)
     mode = mode_of(sampling)
-    memo_key = (id(target), id(drafter), batch, mode, room, auto)
+    context = cost_context(target, auto, call_context)
+    memo_key = (id(target), id(drafter), batch, mode, room, context, auto)
     if memo_key in _CHOSEN:
         return _CHOSEN[memo_key][0]
     progress = _say if auto.verbose else None
     profiles = find_profiles(target, drafter, prompts, sampling=sampling, eos_id=eos_id,
                              max_nodes=auto.max_nodes, progress=progress)  # fmt: skip
-    # Costs at a representative context that leaves the model room for the largest tree.
+    # Costs at the call's context (cost_context), leaving the model room for the largest tree.
     max_nodes = max(2, min(auto.max_nodes, auto.max_batch_nodes // batch))
-    context = cost_context(target, auto)
     grid = sorted({n for n in (1, 2, 4, 8, 16, 32, 64) if n < max_nodes} | {max_nodes})
     # Timed candidates measure plain decoding alongside their steps: no separate AR timing then.
     verify = verify_costs(target, batch=batch, context=context, nodes=grid,

@@ -189,11 +189,14 @@ class SpecConfig:
     children) for wider trees; "tree_sampled" draws children i.i.d. from the drafter; "hsd" is
     hierarchical (sequence-level) verification of sampled chains.
     attn_impl: "auto" | "reference" | "pallas" | "interpret" (see specjax.attention).
+    pre_verify: let the drafter's pre-verifier (PACER, specjax.pre_verify) stop drafting early
+    and prune the tree, when the drafter has one; False drafts and verifies the whole tree.
     """
 
     tree: TreeConfig = TreeConfig()
     rule: str = "auto"
     attn_impl: str = "auto"
+    pre_verify: bool = True
 
     def __post_init__(self):
         if self.rule not in RULES:
@@ -237,7 +240,10 @@ class AutoSpecConfig:
     acceptance profile with at most max_nodes nodes, the one with the highest predicted tokens
     per second on this backend; with B rows, at most max_batch_nodes / B nodes (a step
     verifies B x N tokens). Costs are measured at `context` committed tokens once per
-    backend, device kind, model, batch and dtype and kept on disk (specjax.autotune).
+    backend, device kind, model, batch and dtype and kept on disk (specjax.autotune); context
+    None (the default) is the call's own mean context (prompt plus half the new tokens) rounded
+    up to a power of two: attention makes a small model's step at 256 positions cost ~1.5x
+    what it costs at 64, so costs taken elsewhere misjudge plain decoding against a tree.
     verbose: progress lines and the choice on stderr. allow_autoregressive: when no tree is
     predicted to beat plain decoding, decode autoregressively (the same output distribution;
     stats tree "autoregressive"). timed_candidates: how many of the best predicted trees are
@@ -248,7 +254,7 @@ class AutoSpecConfig:
     attn_impl: str = "auto"
     max_nodes: int = 64
     max_batch_nodes: int = 2048
-    context: int = 256
+    context: int | None = None
     verbose: bool = True
     allow_autoregressive: bool = True
     timed_candidates: int = 3
@@ -258,7 +264,7 @@ class AutoSpecConfig:
             raise ValueError(f"unknown acceptance rule {self.rule!r}; choose from {RULES}")
         if self.max_nodes < 1:
             raise ValueError(f"max_nodes must be >= 1, got {self.max_nodes}")
-        if self.context < 1:
+        if self.context is not None and self.context < 1:
             raise ValueError(f"context must be >= 1, got {self.context}")
         if self.timed_candidates < 0:
             raise ValueError(f"timed_candidates must be >= 0, got {self.timed_candidates}")

@@ -117,7 +117,7 @@ class SpeculativeLoop:
     def pre_verifier(self):
         """The drafter's pre-verifier when it may prune this run's trees, else None: only
         deterministic (top-k) children may be dropped by what they are (specjax.pre_verify)."""
-        pv = getattr(self.drafter, "pre_verifier", None)
+        pv = getattr(self.drafter, "pre_verifier", None) if self.config.pre_verify else None
         if pv is None or self.rule in ("chain", "tree_sampled", "hsd"):
             return None
         return pv

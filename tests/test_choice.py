@@ -120,6 +120,8 @@ def test_measured_steps_override_the_model():
     measured = (1.0, {model_best: 10.0, small: 1.0})
     c = choose([profile], flat, draft, measured=measured)
     assert c.config.tree == small and c.candidates == 2
+    # Profiles and timings describe the whole tree: a pre-verifier must not prune the choice.
+    assert not c.config.pre_verify
     assert c.predicted_speedup == pytest.approx(profile.predict_tau(small) / 1.0)
     # Plain decoding measured faster than every timed step: fall back.
     assert choose([profile], flat, draft, measured=(0.1, {small: 1.0})).config is None
@@ -145,6 +147,25 @@ def test_static_probe_narrows_to_max_nodes():
     assert small.num_nodes <= 8
     trees = list(candidate_trees(static_profile(), 64))
     assert TreeConfig(branching=(2, 1)) in trees and TreeConfig.chain(1) in trees
+
+
+def test_cost_context_follows_the_call():
+    """Costs are measured near the call's mean context, rounded up to a power of two (a few
+    cost sets per machine), within the model's room for the largest tree."""
+    from types import SimpleNamespace
+
+    from specjax.choice import MIN_COST_CONTEXT, cost_context
+
+    model = SimpleNamespace(config=SimpleNamespace(max_seq_len=2048))
+    auto = AutoSpecConfig()
+    assert cost_context(model, auto) == MIN_COST_CONTEXT
+    assert cost_context(model, auto, 10.0) == MIN_COST_CONTEXT
+    assert cost_context(model, auto, 64.0) == 64
+    assert cost_context(model, auto, 65.0) == 128
+    assert cost_context(model, auto, 300.0) == 512
+    assert cost_context(model, AutoSpecConfig(context=200), 10.0) == 200  # explicit wins
+    short = SimpleNamespace(config=SimpleNamespace(max_seq_len=512))
+    assert cost_context(short, auto, 1000.0) == 512 - 64 - 16  # room for 64 nodes after it
 
 
 def test_default_call_reads_kept_costs_and_profiles(tmp_path, monkeypatch):

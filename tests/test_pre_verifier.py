@@ -90,6 +90,12 @@ def test_greedy_output_unchanged_at_every_threshold(target, drafter_kind, tree):
         verified = np.asarray(out.stats["verified_nodes"])
         assert np.all(verified >= np.asarray(out.stats["draft_len"]) + 1)
     assert cuts[0] == 0 and cuts[2] > cuts[0], cuts  # threshold 0 keeps everything
+    # pre_verify=False (SpecConfig.auto()'s choices): the drafter's pre-verifier is left out.
+    whole = SpecConfig(tree=tree, pre_verify=False)
+    out = specjax.speculative_generate(target, drafter, PROMPTS, max_new_tokens=21, config=whole)
+    np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
+    assert int(np.sum(out.stats["pre_verifier_stops"])) == 0
+    np.testing.assert_allclose(np.asarray(out.stats["verified_nodes"]), tree.num_nodes)
 
 
 @pytest.mark.slow

@@ -74,8 +74,13 @@ def run_suites(
             from specjax.choice import cost_context
             from specjax.config import AutoSpecConfig
 
-            context = cost_context(target.model, AutoSpecConfig())
-            costs[suite.name] = verify_costs(target.model, context=context)
+            # The context a prompt of the first set decodes at on average (what the default
+            # call measured its costs at, see cost_context).
+            first = prompt_sets[0]
+            mean_len = sum(len(p.ids) for p in first.prompts) / len(first.prompts)
+            call_context = mean_len + first.max_new_tokens / 2
+            context = cost_context(target.model, AutoSpecConfig(), call_context)
+            costs[f"{suite.name} (context {context})"] = verify_costs(target.model, context=context)
         jax.clear_caches()  # many compiled programs per suite: keep one process within memory
     return rows, described
 

@@ -188,7 +188,7 @@ class FeatureDrafter(nnx.Module):
             state, parts, ctx, root_emb, depth, sampling
         )
         b = ctx.root.shape[0]
-        pv = self.pre_verifier
+        pv = self.pre_verifier if config.pre_verify else None
         # With a pre-verifier, drafting stops once no frontier node is worth verifying.
         stop = None if pv is None else (pv.node_logp, pv.threshold_logp[...], pv.shape.block)
         # expand_topk works in draft-vocabulary ids; the root is not one (index 0 stands for it
