@@ -83,8 +83,10 @@ def _choose_config(target, drafter, prompts, auto, sampling, max_new_tokens, eos
     ids, _ = prepare_prompts(prompts, target.config, max_new_tokens, extra_slots=tree_reserve(1, 1))
     room = target.config.max_seq_len - ids.shape[1] - max_new_tokens - 1
     rows = [np.asarray(r) for r in prompts] if isinstance(prompts, list) else list(np.asarray(ids))
-    # Costs are taken near the context the call decodes at: its mean over the call.
-    call_context = float(np.mean([len(r) for r in rows])) + max_new_tokens / 2
+    # Costs are taken at about the cache length the call decodes in (specjax.choice.cost_context).
+    # It depends on the padded prompt width, not on each prompt's length: calls compiled alike
+    # share one choice.
+    call_context = ids.shape[1] + max_new_tokens
     return resolve_auto(
         target, drafter, rows, auto=auto, sampling=sampling, eos_id=eos_id, room=room,
         call_context=call_context,

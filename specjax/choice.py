@@ -273,17 +273,17 @@ def find_profiles(
 
 
 def cost_context(target, auto: AutoSpecConfig, call_context: float | None = None) -> int:
-    """The context costs are measured at: auto.context, else the call's mean context
-    (call_context; default MIN_COST_CONTEXT) rounded up to a power of two, at least
-    MIN_COST_CONTEXT; less where the model's max_seq_len leaves no room for the largest tree
-    after it."""
+    """The context costs are measured at: auto.context, else the call's cache length
+    (call_context; default MIN_COST_CONTEXT) rounded to the nearest power of two (in log scale),
+    at least MIN_COST_CONTEXT; less where the model's max_seq_len leaves no room for the largest
+    tree after it. Why the cache length: attention on a CPU (the reference kernel) runs over the
+    whole static cache, masked, so a step costs what its cache length makes it cost."""
     from specjax.autotune import AR_TOKENS
 
     context = auto.context
     if context is None:
-        context = MIN_COST_CONTEXT
-        while context < (call_context or 0):
-            context *= 2
+        wanted = max(float(call_context or MIN_COST_CONTEXT), MIN_COST_CONTEXT)
+        context = 2 ** round(np.log2(wanted))
     largest = max(auto.max_nodes, AR_TOKENS)
     return max(1, min(context, target.config.max_seq_len - largest - 16))
 

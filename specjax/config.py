@@ -241,9 +241,9 @@ class AutoSpecConfig:
     per second on this backend; with B rows, at most max_batch_nodes / B nodes (a step
     verifies B x N tokens). Costs are measured at `context` committed tokens once per
     backend, device kind, model, batch and dtype and kept on disk (specjax.autotune); context
-    None (the default) is the call's own mean context (prompt plus half the new tokens) rounded
-    up to a power of two: attention makes a small model's step at 256 positions cost ~1.5x
-    what it costs at 64, so costs taken elsewhere misjudge plain decoding against a tree.
+    None (the default) is the call's cache length (padded prompt plus new tokens) rounded to a
+    power of two: attention makes a small model's step over a 256-slot cache cost ~1.5x what it
+    costs over 128, so costs taken elsewhere misjudge plain decoding against a tree.
     verbose: progress lines and the choice on stderr. allow_autoregressive: when no tree is
     predicted to beat plain decoding, decode autoregressively (the same output distribution;
     stats tree "autoregressive"). timed_candidates: how many of the best predicted trees are

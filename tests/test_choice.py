@@ -150,8 +150,8 @@ def test_static_probe_narrows_to_max_nodes():
 
 
 def test_cost_context_follows_the_call():
-    """Costs are measured near the call's mean context, rounded up to a power of two (a few
-    cost sets per machine), within the model's room for the largest tree."""
+    """Costs are measured near the call's cache length, rounded to a power of two (a few cost
+    sets per machine), within the model's room for the largest tree."""
     from types import SimpleNamespace
 
     from specjax.choice import MIN_COST_CONTEXT, cost_context
@@ -160,9 +160,10 @@ def test_cost_context_follows_the_call():
     auto = AutoSpecConfig()
     assert cost_context(model, auto) == MIN_COST_CONTEXT
     assert cost_context(model, auto, 10.0) == MIN_COST_CONTEXT
-    assert cost_context(model, auto, 64.0) == 64
-    assert cost_context(model, auto, 65.0) == 128
-    assert cost_context(model, auto, 300.0) == 512
+    assert cost_context(model, auto, 90.0) == 64
+    assert cost_context(model, auto, 100.0) == 128
+    assert cost_context(model, auto, 300.0) == 256
+    assert cost_context(model, auto, 380.0) == 512
     assert cost_context(model, AutoSpecConfig(context=200), 10.0) == 200  # explicit wins
     short = SimpleNamespace(config=SimpleNamespace(max_seq_len=512))
     assert cost_context(short, auto, 1000.0) == 512 - 64 - 16  # room for 64 nodes after it

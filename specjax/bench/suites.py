@@ -73,12 +73,14 @@ def run_suites(
             from specjax.autotune import verify_costs
             from specjax.choice import cost_context
             from specjax.config import AutoSpecConfig
+            from specjax.decode import PROMPT_BUCKET
 
-            # The context a prompt of the first set decodes at on average (what the default
-            # call measured its costs at, see cost_context).
+            # The cache length of a typical call of the first set (what the default call
+            # measured its costs at, see cost_context), from its median prompt.
             first = prompt_sets[0]
-            mean_len = sum(len(p.ids) for p in first.prompts) / len(first.prompts)
-            call_context = mean_len + first.max_new_tokens / 2
+            lengths = sorted(len(p.ids) for p in first.prompts)
+            width = -(-lengths[len(lengths) // 2] // PROMPT_BUCKET) * PROMPT_BUCKET
+            call_context = width + first.max_new_tokens
             context = cost_context(target.model, AutoSpecConfig(), call_context)
             costs[f"{suite.name} (context {context})"] = verify_costs(target.model, context=context)
         jax.clear_caches()  # many compiled programs per suite: keep one process within memory
