@@ -138,7 +138,7 @@ class SpecjaxRunner(Runner):
         return jax.block_until_ready(out)
 
     def decoded(self) -> Decoded:
-        tokens, tau, hist, choice, draft_len, stops = [], [], None, None, [], 0
+        tokens, tau, hist, choices, draft_len, stops = [], [], None, [], [], 0
         for o in self.outputs:
             n = int(o.lengths[0])
             tokens.append(np.asarray(o.tokens[0, :n]))
@@ -147,17 +147,37 @@ class SpecjaxRunner(Runner):
             else:
                 tau.append(float(o.stats["tau"][0]))
                 h = np.asarray(o.stats["accepted_hist"][0], np.int64)
-                hist = h if hist is None else hist + h
+                hist = h if hist is None else _add_padded(hist, h)
                 if "draft_len" in o.stats:
                     draft_len.append(float(o.stats["draft_len"][0]))
                     stops += int(o.stats["pre_verifier_stops"][0])
                 if "predicted_speedup" in o.stats:
-                    choice = {k: o.stats[k] for k in ("tree", "predicted_tau", "predicted_speedup")}
+                    choices.append(o.stats)
         return Decoded(
             tokens=tokens,
             tau=tau,
             accepted_hist=hist,
-            choice=choice,
+            choice=_combined_choice(choices),
             draft_len=draft_len or None,
             pre_verifier_stops=stops,
         )
+
+
+def _add_padded(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a + b for accepted-length histograms of different trees (depths): zeros fill the end."""
+    n = max(len(a), len(b))
+    return np.pad(a, (0, n - len(a))) + np.pad(b, (0, n - len(b)))
+
+
+def _combined_choice(stats: list[dict]) -> dict | None:
+    """SpecConfig.auto()'s choice over a prompt set: the trees chosen (in order of first use;
+    the choice can differ between prompts whose calls have different cache lengths, see
+    specjax.choice.cost_context) and the mean predicted tau and speedup over the prompts."""
+    if not stats:
+        return None
+    trees = list(dict.fromkeys(str(s["tree"]) for s in stats))
+    return {
+        "tree": " / ".join(trees),
+        "predicted_tau": float(np.mean([float(s["predicted_tau"]) for s in stats])),
+        "predicted_speedup": float(np.mean([float(s["predicted_speedup"]) for s in stats])),
+    }
