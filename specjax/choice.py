@@ -163,13 +163,15 @@ def choose(
     rule: str = "auto",
     attn_impl: str = "auto",
     allow_autoregressive: bool = True,
+    min_speedup: float = 1.0,
     measured: tuple[float, dict] | None = None,
 ) -> Choice:
     """The candidate of highest predicted tokens per second (see rank). measured: (seconds per
     autoregressive token, {tree: measured seconds per step}) from measure_step_costs: those
     trees are then compared on their measured steps (and plain decoding on its measured
     cost) instead of the model's. When no tree is predicted to beat autoregressive decoding
-    and allow_autoregressive, the choice is plain decoding (config None)."""
+    and allow_autoregressive, the choice is plain decoding (config None); likewise when the
+    best is predicted below min_speedup."""
     ranked = rank(profiles, verify, draft, max_nodes=max_nodes, room=room, rule=rule)
     t_ar = verify.t_autoregressive
     if measured is not None:
@@ -181,7 +183,7 @@ def choose(
         )  # fmt: skip
     rate, tree, tau, seconds = ranked[0]
     count = len(ranked) if measured is None else len(measured[1])
-    if allow_autoregressive and rate * t_ar < 1.0:
+    if allow_autoregressive and rate * t_ar < max(min_speedup, 1.0):
         return Choice(None, 1.0, float(t_ar), float(t_ar), count)
     # The profiles and the timed steps describe the whole tree: a pre-verifier pruning it would
     # lower tau below the prediction (measured: stories260K-eagle 3.81 -> 2.95 at
@@ -340,6 +342,7 @@ def resolve_auto(
     choice = choose(
         profiles, verify, draft, max_nodes=max_nodes, room=room, rule=auto.rule,
         attn_impl=auto.attn_impl, allow_autoregressive=auto.allow_autoregressive,
+        min_speedup=auto.min_speedup,
         measured=measured,
     )  # fmt: skip
     announced = (id(target), id(drafter), batch, mode, choice.tree_label())

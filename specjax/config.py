@@ -244,6 +244,11 @@ class AutoSpecConfig:
     None (the default) is the call's cache length (padded prompt plus new tokens) rounded to a
     power of two: attention makes a small model's step over a 256-slot cache cost ~1.5x what it
     costs over 128, so costs taken elsewhere misjudge plain decoding against a tree.
+    min_speedup: with allow_autoregressive, speculate only where the best tree's predicted
+    speedup reaches this. Why a margin: the prediction compares steps timed inside a loop, and
+    per-call costs that fall on the speculative side (the drafter's prefill, ~2 ms more host
+    work per call) are left out; for a small model's short calls they decide (stories260K,
+    128 tokens: predicted 1.03x, measured 0.73x).
     verbose: progress lines and the choice on stderr. allow_autoregressive: when no tree is
     predicted to beat plain decoding, decode autoregressively (the same output distribution;
     stats tree "autoregressive"). timed_candidates: how many of the best predicted trees are
@@ -257,6 +262,7 @@ class AutoSpecConfig:
     context: int | None = None
     verbose: bool = True
     allow_autoregressive: bool = True
+    min_speedup: float = 1.1
     timed_candidates: int = 3
 
     def __post_init__(self):
@@ -266,5 +272,7 @@ class AutoSpecConfig:
             raise ValueError(f"max_nodes must be >= 1, got {self.max_nodes}")
         if self.context is not None and self.context < 1:
             raise ValueError(f"context must be >= 1, got {self.context}")
+        if self.min_speedup <= 0:
+            raise ValueError(f"min_speedup must be > 0, got {self.min_speedup}")
         if self.timed_candidates < 0:
             raise ValueError(f"timed_candidates must be >= 0, got {self.timed_candidates}")

@@ -125,6 +125,12 @@ def test_measured_steps_override_the_model():
     assert c.predicted_speedup == pytest.approx(profile.predict_tau(small) / 1.0)
     # Plain decoding measured faster than every timed step: fall back.
     assert choose([profile], flat, draft, measured=(0.1, {small: 1.0})).config is None
+    # Predicted faster, but by less than the margin asked for: fall back too.
+    speedup = c.predicted_speedup
+    assert choose([profile], flat, draft, measured=measured, min_speedup=speedup * 0.99).config
+    assert (
+        choose([profile], flat, draft, measured=measured, min_speedup=speedup * 1.01).config is None
+    )
 
 
 def test_choice_falls_back_to_autoregressive_when_no_tree_pays():
