@@ -6,8 +6,10 @@ and in experiments/results/pre_verifier_<drafter>.md (+ a calibration plot).
     python experiments/train_pre_verifier.py --drafter checkpoints/smollm2-eagle
 
 Labels: greedy speculative decoding with the collection tree on held-in prompts
-(specjax.calibration.held_in_prompts: the project's broad prompt generator in the chat template
-for SmolLM2, TinyStories training paragraphs for stories260K); the last fifth of the prompts is
+(specjax.calibration.held_in_prompts: the project's broad and task prompt generators in the chat
+template for SmolLM2 (the shipped SmolLM2 pre-verifiers were trained when it held broad prompts
+only; their cards say so), TinyStories training paragraphs for stories260K); the last fifth of
+the prompts is
 held out for the calibration figures. MT-bench's first turns are used for evaluation only (AUC
 and calibration on them; nothing is fitted there). The threshold is the one whose replay on the
 held-out steps (specjax.train.pre_verifier.simulate) gives the most tokens per second under
