@@ -49,7 +49,7 @@ PROBE_TOPKS = (4, 8)
 CALIBRATION_ROWS = 4
 CALIBRATION_TOKENS = 48
 # The smallest context costs are measured at (SpecConfig.auto() with context None): contexts are
-# rounded up to powers of two from here, so a machine measures a handful of cost sets at most.
+# rounded to powers of two from here, so a machine measures a handful of cost sets at most.
 MIN_COST_CONTEXT = 64
 
 
@@ -303,7 +303,7 @@ def resolve_auto(
 ) -> Choice:
     """Choose the config for a call (speculative_generate with SpecConfig.auto()). room: the
     cache slots past the prompt and the new tokens (trees that need more are skipped);
-    call_context: the call's mean context (see cost_context)."""
+    call_context: the call's cache length (see cost_context)."""
     batch = len(prompts)
     mode = mode_of(sampling)
     context = cost_context(target, auto, call_context)
