@@ -15,8 +15,12 @@ read the file (default folder: $SPECJAX_CACHE, else ~/.cache/specjax).
 at the same context: a static-tree drafter re-runs its model over the whole block at every
 depth, so its cost is depth x f(N) with f measured for N in the same grid; a dynamic-tree drafter
 runs one expansion per depth over top-k frontier nodes, so its cost is linear in the depth,
-measured at depth 1 and at the deepest depth for each top-k. It also times one whole step, whose
-excess over draft + verify (the acceptance rule, the commits, the loop) is kept as `overhead`.
+measured at depth 1 and at the deepest depth for each top-k (in a drafter state prefilled alone:
+no target prefill is compiled for it). It also times one whole step, whose excess over draft +
+verify (the acceptance rule, the commits, the loop) is kept as `overhead`, unless the caller
+times whole candidate steps anyway (`CandidateSteps`, which SpecConfig.auto() uses: its first
+candidate gives the overhead, one compiled step fewer on a first call that is mostly
+compilation).
 """
 
 from __future__ import annotations
@@ -37,14 +41,15 @@ import numpy as np
 from flax import nnx
 
 from specjax.benchmark import time_interleaved
-from specjax.cache import init_cache
+from specjax.cache import init_cache, tree_reserve
 from specjax.tree import causal_mask
 
 DEFAULT_NODES = (1, 2, 4, 8, 16, 32, 64)
 DEFAULT_CONTEXT = 256  # committed positions before the measured block
-FORMAT_VERSION = 3  # 3: drafter and step costs measured without the drafter's pre-verifier
+FORMAT_VERSION = 4  # 3: costs without the drafter's pre-verifier; 4: overhead may be unknown
 AR_TOKENS = 33  # tokens of the timed generate call (autoregressive cost per token)
 STATIC_DRAFT_NODES = (2, 4, 8, 16, 32, 64)
+COST_NEW_TOKENS = 4  # max_new_tokens of the speculative states steps are timed in
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,17 +180,23 @@ def measure_verify_costs(
 
 
 def plain_decoding_calls(target, ids) -> tuple[Callable[[], object], Callable[[], object]]:
-    """Two generate calls on `ids`: AR_TOKENS new tokens, and 1 (its prefill and first token).
-    Their time difference over AR_TOKENS - 1 is plain decoding's cost per token, the while_loop,
-    sampling and bookkeeping included, the prefill and the per-call host work (milliseconds:
-    a large share of a short call for a small model) excluded, as they are from the timed
-    speculative steps."""
+    """Two generate calls on `ids` (rows all equal): AR_TOKENS new tokens, and 1 (its prefill
+    and first token). Their time difference over AR_TOKENS - 1 is plain decoding's cost per
+    token, the while_loop, sampling and bookkeeping included, the prefill and the per-call host
+    work (milliseconds: a large share of a short call for a small model) excluded, as they are
+    from the timed speculative steps. The short call is the same compiled program, stopped
+    after its first token by making that token the end-of-sequence id."""
     from specjax.decode import generate
 
-    return (
-        lambda: generate(target, ids, max_new_tokens=AR_TOKENS),
-        lambda: generate(target, ids, max_new_tokens=1),
-    )
+    ids = np.asarray(ids)
+    if not (ids == ids[:1]).all():
+        raise ValueError("plain_decoding_calls needs equal rows (one first token stops them all)")
+
+    def long():
+        return generate(target, ids, max_new_tokens=AR_TOKENS)
+
+    first = int(np.asarray(long().tokens)[0, 0])  # also compiles and warms the program
+    return long, lambda: generate(target, ids, max_new_tokens=AR_TOKENS, eos_id=first)
 
 
 def measure_ar_token(target, *, batch, context, reps) -> float:
@@ -193,7 +204,15 @@ def measure_ar_token(target, *, batch, context, reps) -> float:
     plain_decoding_calls): medians of interleaved calls."""
     long, short = plain_decoding_calls(target, _context_prompts(target, batch, context))
     t = time_interleaved({"long": long, "short": short}, max(reps, 3))
-    return max(t["long"].median - t["short"].median, 0.0) / (AR_TOKENS - 1)
+    return per_decoded_token(t["long"].median, t["short"].median)
+
+
+def per_decoded_token(long_s: float, short_s: float) -> float:
+    """Seconds per token from the two calls of plain_decoding_calls. Where the difference is
+    lost in the timer's noise (a tiny model), the long call's seconds per token, an upper
+    bound, stand in: never 0, which cost files read as "not measured"."""
+    difference = (long_s - short_s) / (AR_TOKENS - 1)
+    return difference if difference > 0 else long_s / AR_TOKENS
 
 
 def seconds_per_iteration(body, params, init, *, reps: int = 5, call_s: float = 0.05) -> float:
@@ -289,7 +308,8 @@ class DraftCosts:
 
     kind "static": per_depth[i] seconds of one depth over a block of nodes[i] tree nodes.
     kind "dynamic": for topk[i], seconds at depth 1 (shallow[i]) and at depth `deep_depth`
-    (deep[i]), linear in between. overhead: seconds of a step beyond draft + verify.
+    (deep[i]), linear in between. overhead: seconds of a step beyond draft + verify (None:
+    not measured; SpecConfig.auto() derives it from its first timed candidate instead).
     """
 
     key: str
@@ -300,7 +320,7 @@ class DraftCosts:
     deep_depth: int = 1
     shallow: tuple[float, ...] = ()
     deep: tuple[float, ...] = ()
-    overhead: float = 0.0
+    overhead: float | None = None
 
     def t_draft(self, tree) -> float:
         """Seconds to draft `tree` (a TreeConfig)."""
@@ -329,45 +349,91 @@ class DraftCosts:
 
 
 def _context_prompts(target, batch: int, context: int) -> np.ndarray:
-    """Deterministic filler prompts of `context` tokens (costs do not depend on the ids)."""
+    """Deterministic filler prompts of `context` tokens, the same in every row (costs do not
+    depend on the ids; equal rows let plain_decoding_calls stop them all at once)."""
     vocab = target.config.vocab_size
-    ids = (np.arange(batch * context, dtype=np.int64).reshape(batch, context) * 7919 + 11) % vocab
-    return ids.astype(np.int32)
+    row = (np.arange(context, dtype=np.int64) * 7919 + 11) % vocab
+    return np.broadcast_to(row, (batch, context)).astype(np.int32)
+
+
+def _drafter_state_at(target, drafter, tree, config, *, batch, context):
+    """(drafter state, RootContext, keys) as a speculative state holds them after prefilling
+    `context` filler tokens, for a step drafting `tree`. The target's hidden states handed to the
+    drafter are zeros of the prefill's shapes (costs do not depend on values), so no target
+    forward is compiled: only the drafter's own prefill."""
+    from specjax.decode import prepare_keys, prepare_prompts
+    from specjax.drafters.base import RootContext
+    from specjax.verifiers import FullVerifier
+
+    ids, lens = prepare_prompts(
+        _context_prompts(target, batch, context), target.config, COST_NEW_TOKENS,
+        extra_slots=tree_reserve(tree.num_nodes, tree.max_depth),
+    )  # fmt: skip
+    ids, lens = jnp.asarray(ids), jnp.asarray(lens)
+    cache_len = ids.shape[1] + COST_NEW_TOKENS + tree_reserve(tree.num_nodes, tree.max_depth)
+    hidden_shapes = jax.eval_shape(
+        lambda: FullVerifier().prefill(
+            target, ids, lens, cache_len, feature_layers=drafter.feature_layers,
+            attn_impl=config.attn_impl,
+        )[2]
+    )  # fmt: skip
+    hidden = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), hidden_shapes)
+    init = nnx.jit(
+        lambda d, t, ids, lens, hidden: d.init_state(
+            t, ids, lens, cache_len, config=config, target_hidden=hidden
+        )
+    )
+    state = init(drafter, target, ids, lens, hidden)
+    last = jnp.take_along_axis(ids, (lens - 1)[:, None], axis=1)[:, 0]
+    ctx = RootContext(root=last, prev=last, lengths=lens)
+    return state, ctx, prepare_keys(None, batch)
 
 
 def _time_propose(target, drafter, tree, *, batch, context, reps, with_step=False):
     """(seconds of drafter.propose, seconds of one whole step or None) for `tree` (drafted and
-    verified whole: no pre-verifier), inside a speculative state prefilled with `context`
-    tokens, each timed in a loop of its own."""
+    verified whole: no pre-verifier), at `context` committed tokens, each timed in a loop of
+    its own. The propose alone needs no target prefill (_drafter_state_at); the whole step
+    runs in a real speculative state."""
     from specjax.config import SamplingConfig, SpecConfig
     from specjax.drafters.base import RootContext
-    from specjax.speculative import SteppedRun
 
     sampling = SamplingConfig()
     config = SpecConfig(tree=tree, pre_verify=False)
-    run = SteppedRun(
-        target, drafter, _context_prompts(target, batch, context), max_new_tokens=4,
-        config=config, sampling=sampling, key=jax.random.key(0),
-    )  # fmt: skip
-    state = run.state
-    target_def, _, drafter_def, _, verifier_def, _ = run._parts
-    params = (run._parts[1], run._parts[3], run._parts[5])
+    drafter_state, ctx, keys = _drafter_state_at(
+        target, drafter, tree, config, batch=batch, context=context
+    )
+    target_def, target_params = nnx.split(target)
+    drafter_def, drafter_params = nnx.split(drafter)
 
     def propose(params, carry):
         drafter_state, root = carry  # the next root is a drafted token: no hoisting
         t = nnx.merge(target_def, params[0])
         d = nnx.merge(drafter_def, params[1])
-        ctx = RootContext(root=root, prev=state.prev, lengths=state.verifier_state.lengths)
+        now = RootContext(root=root, prev=ctx.prev, lengths=ctx.lengths)
         tree, drafter_state = d.propose(
-            drafter_state, t, ctx, state.keys, config=config, sampling=sampling
+            drafter_state, t, now, keys, config=config, sampling=sampling
         )
         return drafter_state, tree.tokens[:, -1]
 
-    t_propose = seconds_per_iteration(propose, params, (state.drafter_state, state.root), reps=reps)
+    t_propose = seconds_per_iteration(
+        propose, (target_params, drafter_params), (drafter_state, ctx.root), reps=reps
+    )
     if not with_step:
         return t_propose, None
-
+    run = _cost_run(target, drafter, tree, batch=batch, context=context)
     return t_propose, seconds_per_iteration(*_step_body(run, config), reps=reps)
+
+
+def _cost_run(target, drafter, tree, *, batch, context):
+    """A SteppedRun drafting `tree` (no pre-verifier) after `context` filler tokens."""
+    from specjax.config import SamplingConfig, SpecConfig
+    from specjax.speculative import SteppedRun
+
+    return SteppedRun(
+        target, drafter, _context_prompts(target, batch, context),
+        max_new_tokens=COST_NEW_TOKENS, config=SpecConfig(tree=tree, pre_verify=False),
+        sampling=SamplingConfig(), key=jax.random.key(0),
+    )  # fmt: skip
 
 
 def _step_body(run, config):
@@ -394,6 +460,65 @@ def _step_body(run, config):
     return step, (target_params, drafter_params, verifier_params), run.state
 
 
+class CandidateSteps:
+    """Whole speculative steps of candidate trees, compiled one at a time (`add`, which also
+    returns a first estimate) and then timed together (`measure`) in interleaved rounds with
+    plain decoding: a CPU's speed drifts by tens of percent within minutes, so the ratios that
+    decide the choice are taken under the same conditions. Each tree's step runs in a jitted
+    loop sized to ~call_s; plain decoding is timed as in plain_decoding_calls."""
+
+    def __init__(self, target, drafter, *, batch: int = 1, context: int = DEFAULT_CONTEXT,
+                 call_s: float = 0.2, progress: Callable[[str], None] | None = None):  # fmt: skip
+        self.target, self.drafter = target, drafter
+        self.batch, self.context, self.call_s = batch, context, call_s
+        self.say = progress or (lambda message: None)
+        self.loops: dict = {}  # tree -> (jitted loop, params, state, iterations per call)
+
+    def add(self, tree) -> float:
+        """Compile `tree`'s step and return its seconds per step from one sized call."""
+        from specjax.config import SpecConfig
+
+        self.say(f"timing candidate steps: {len(self.loops) + 1}")
+        run = _cost_run(self.target, self.drafter, tree, batch=self.batch, context=self.context)
+        body, params, state = _step_body(run, SpecConfig(tree=tree, pre_verify=False))
+
+        def loop(params, init, n):
+            return jax.lax.fori_loop(0, n, lambda i, c: body(params, c), init)
+
+        fn = jax.jit(loop)
+        jax.block_until_ready(fn(params, state, 1))
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn(params, state, 1))
+        n = int(min(1000, max(1, self.call_s / max(time.perf_counter() - t0, 1e-6))))
+        self.loops[tree] = (fn, params, state, n)
+        return self._time(tree)
+
+    def _time(self, tree) -> float:
+        fn, params, state, n = self.loops[tree]
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn(params, state, n))
+        return (time.perf_counter() - t0) / n
+
+    def measure(self, rounds: int = 3) -> tuple[float, dict]:
+        """(seconds per autoregressive token, {tree: seconds per step}): medians of `rounds`
+        interleaved rounds."""
+        long, short = plain_decoding_calls(
+            self.target, _context_prompts(self.target, self.batch, self.context)
+        )
+        ar_times, step_times = [], {tree: [] for tree in self.loops}
+        for r in range(rounds):
+            self.say(f"timing candidate steps against plain decoding: round {r + 1}/{rounds}")
+            t0 = time.perf_counter()
+            jax.block_until_ready(long())
+            t1 = time.perf_counter()
+            jax.block_until_ready(short())
+            t2 = time.perf_counter()
+            ar_times.append(per_decoded_token(t1 - t0, t2 - t1))
+            for tree, times in step_times.items():
+                times.append(self._time(tree))
+        return float(np.median(ar_times)), {t: float(np.median(x)) for t, x in step_times.items()}
+
+
 def measure_step_costs(
     target,
     drafter,
@@ -406,50 +531,13 @@ def measure_step_costs(
     progress: Callable[[str], None] | None = None,
 ) -> tuple[float, tuple[float, ...]]:
     """(seconds per autoregressive token, seconds of one whole speculative step per tree),
-    measured in the same interleaved rounds: a CPU's speed drifts by tens of percent within
-    minutes, so the ratios that decide the choice are taken under the same conditions. Each
-    tree's step runs in a jitted loop sized to ~call_s; plain decoding is timed as in
-    plain_decoding_calls."""
-    from specjax.config import SamplingConfig, SpecConfig
-    from specjax.speculative import SteppedRun
-
-    prompts = _context_prompts(target, batch, context)
-    loops = []
-    for i, tree in enumerate(trees):
-        if progress is not None:
-            progress(f"timing candidate steps: {i + 1}/{len(trees)}")
-        config = SpecConfig(tree=tree, pre_verify=False)
-        run = SteppedRun(target, drafter, prompts, max_new_tokens=4, config=config,
-                         sampling=SamplingConfig(), key=jax.random.key(0))  # fmt: skip
-        body, params, state = _step_body(run, config)
-
-        def loop(params, init, n, body=body):
-            return jax.lax.fori_loop(0, n, lambda i, c: body(params, c), init)
-
-        fn = jax.jit(loop)
-        jax.block_until_ready(fn(params, state, 1))
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(params, state, 1))
-        n = int(min(1000, max(1, call_s / max(time.perf_counter() - t0, 1e-6))))
-        loops.append((fn, params, state, n))
-
-    long, short = plain_decoding_calls(target, prompts)
-    jax.block_until_ready((long(), short()))
-    ar_times, step_times = [], [[] for _ in loops]
-    for r in range(rounds):
-        if progress is not None:
-            progress(f"timing candidate steps against plain decoding: round {r + 1}/{rounds}")
-        t0 = time.perf_counter()
-        jax.block_until_ready(long())
-        t1 = time.perf_counter()
-        jax.block_until_ready(short())
-        t2 = time.perf_counter()
-        ar_times.append(max((t1 - t0) - (t2 - t1), 0.0) / (AR_TOKENS - 1))
-        for times, (fn, params, state, n) in zip(step_times, loops, strict=True):
-            t0 = time.perf_counter()
-            jax.block_until_ready(fn(params, state, n))
-            times.append((time.perf_counter() - t0) / n)
-    return float(np.median(ar_times)), tuple(float(np.median(t)) for t in step_times)
+    measured by CandidateSteps."""
+    steps = CandidateSteps(target, drafter, batch=batch, context=context, call_s=call_s,
+                           progress=progress)  # fmt: skip
+    for tree in trees:
+        steps.add(tree)
+    ar, seconds = steps.measure(rounds)
+    return ar, tuple(seconds[tree] for tree in trees)
 
 
 def measure_draft_costs(
@@ -463,10 +551,11 @@ def measure_draft_costs(
     batch: int = 1,
     context: int = DEFAULT_CONTEXT,
     reps: int = 5,
+    with_overhead: bool = True,
     progress: Callable[[str], None] | None = None,
 ) -> DraftCosts:
-    """Time the drafter's propose at the shapes of the module docstring, and one whole step
-    (for the overhead)."""
+    """Time the drafter's propose at the shapes of the module docstring, and (with_overhead)
+    one whole step for the overhead."""
     from specjax.config import TreeConfig
 
     key = drafter_key(target, drafter, batch=batch, context=context)
@@ -497,6 +586,8 @@ def measure_draft_costs(
         base = TreeConfig(branching=(1,))
         costs = DraftCosts(key=key, kind="static", nodes=tuple(nodes),
                            per_depth=tuple(per_depth))  # fmt: skip
+    if not with_overhead:
+        return costs
     say("measuring one whole step")
     t_propose, t_step = _time_propose(
         target, drafter, base, batch=batch, context=context, reps=reps,
@@ -516,10 +607,12 @@ def draft_costs(
     folder: str | Path | None = None,
     refresh: bool = False,
     progress: Callable[[str], None] | None = _print_progress,
+    with_overhead: bool = True,
     **kwargs,
 ) -> DraftCosts:
     """The drafter's cost model on this backend: from the cache folder when measured before,
-    else measured (progress lines) and written there."""
+    else measured (progress lines) and written there. with_overhead=False: a model without the
+    step overhead will do (one whole step less to compile)."""
     folder = Path(folder) if folder is not None else cache_dir()
     key = drafter_key(target, drafter, batch=batch, context=context)
     path = _cache_file(key, folder, "draft")
@@ -531,43 +624,59 @@ def draft_costs(
         wanted = kwargs.get("topks" if drafter.dynamic_trees else "nodes")
         if costs is not None and costs.key == key:
             have = costs.topk if drafter.dynamic_trees else costs.nodes
-            if wanted is None or set(wanted) <= set(have):
+            if (wanted is None or set(wanted) <= set(have)) and (
+                costs.overhead is not None or not with_overhead
+            ):
                 return costs
     costs = measure_draft_costs(
-        target, drafter, verify, batch=batch, context=context, progress=progress, **kwargs
-    )
+        target, drafter, verify, batch=batch, context=context, progress=progress,
+        with_overhead=with_overhead, **kwargs,
+    )  # fmt: skip
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(costs.to_json(), indent=2) + "\n")
     return costs
 
 
-def step_costs(
+def timed_steps(
     target,
     drafter,
-    trees: Sequence,
+    plan: str,
+    select: Callable[[CandidateSteps], None],
     *,
     batch: int = 1,
     context: int = DEFAULT_CONTEXT,
     folder: str | Path | None = None,
     refresh: bool = False,
     progress: Callable[[str], None] | None = _print_progress,
-) -> tuple[float, tuple[float, ...]]:
-    """measure_step_costs, kept on disk per drafter, batch, context and tree list."""
+) -> tuple[float, dict]:
+    """(seconds per autoregressive token, {tree: seconds per step}) for the trees `select`
+    adds to a CandidateSteps, kept on disk per drafter, batch, context and `plan` (a string
+    naming everything that decides which trees `select` adds)."""
+    from specjax.config import TreeConfig
+
     folder = Path(folder) if folder is not None else cache_dir()
-    labels = [repr(t) for t in trees]
-    key = drafter_key(target, drafter, batch=batch, context=context) + "|" + ";".join(labels)
+    key = drafter_key(target, drafter, batch=batch, context=context) + "|" + plan
     path = _cache_file(key, folder, "steps")
     if path.exists() and not refresh:
         try:
             data = json.loads(path.read_text())
             if data["key"] == key and data["version"] == FORMAT_VERSION:
-                return float(data["ar_token"]), tuple(float(x) for x in data["seconds"])
+                trees = [TreeConfig(branching=tuple(t["branching"]), budget=int(t["budget"]))
+                         for t in data["trees"]]  # fmt: skip
+                seconds = dict(zip(trees, map(float, data["seconds"]), strict=True))
+                return float(data["ar_token"]), seconds
         except (ValueError, KeyError, TypeError):
             pass
-    ar, seconds = measure_step_costs(
-        target, drafter, trees, batch=batch, context=context, progress=progress
-    )
+    steps = CandidateSteps(target, drafter, batch=batch, context=context, progress=progress)
+    select(steps)
+    ar, seconds = steps.measure()
+    data = {
+        "version": FORMAT_VERSION,
+        "key": key,
+        "ar_token": ar,
+        "trees": [dataclasses.asdict(t) for t in seconds],
+        "seconds": list(seconds.values()),
+    }
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = {"version": FORMAT_VERSION, "key": key, "ar_token": ar, "seconds": list(seconds)}
     path.write_text(json.dumps(data, indent=2) + "\n")
     return ar, seconds

@@ -35,7 +35,7 @@ from specjax.autotune import (
     cache_dir,
     draft_costs,
     drafter_key,
-    step_costs,
+    timed_steps,
     verify_costs,
 )
 from specjax.cache import tree_reserve
@@ -144,7 +144,8 @@ def rank(
             if room is not None and max(tree.num_nodes, tree.max_depth + 1) > room:
                 continue
             tau = profile.predict_tau(tree)
-            seconds = verify.t_verify(tree.num_nodes) + draft.t_draft(tree) + draft.overhead
+            overhead = draft.overhead or 0.0  # None: not measured (resolve_auto)
+            seconds = verify.t_verify(tree.num_nodes) + draft.t_draft(tree) + overhead
             ranked.append((tau / seconds, tree, tau, seconds))
     if not ranked:
         raise ValueError("no candidate tree: the acceptance profiles cover no tree that fits")
@@ -290,6 +291,41 @@ def cost_context(target, auto: AutoSpecConfig, call_context: float | None = None
     return max(1, min(context, target.config.max_seq_len - largest - 16))
 
 
+def _best_trees(profiles, verify, draft, *, count, **kwargs) -> list[TreeConfig]:
+    """The `count` distinct trees of highest predicted tokens per second (see rank)."""
+    top = []
+    for _, tree, _, _ in rank(profiles, verify, draft, **kwargs):
+        if len(top) >= count:
+            break
+        if tree not in top:
+            top.append(tree)
+    return top
+
+
+def _time_best(steps, profiles, verify, draft, *, count, **kwargs) -> DraftCosts:
+    """Add the `count` best predicted trees to `steps` (autotune.CandidateSteps). When the
+    drafter's step overhead is unknown, the first tree is ranked without it and timed, its
+    step's excess over draft + verify becomes the overhead, and the rest are ranked with it.
+    Returns `draft` with the overhead it was ranked with."""
+    if draft.overhead is None:
+        first = _best_trees(profiles, verify, draft, count=1, **kwargs)[0]
+        seconds = steps.add(first)
+        excess = seconds - draft.t_draft(first) - verify.t_verify(first.num_nodes)
+        draft = dataclasses.replace(draft, overhead=max(excess, 0.0))
+    for tree in _best_trees(profiles, verify, draft, count=count, **kwargs):
+        if len(steps.loops) >= count:
+            break
+        if tree not in steps.loops:
+            steps.add(tree)
+    return draft
+
+
+def _plan_label(profiles, *, max_nodes, room, auto) -> str:
+    """What decides which trees resolve_auto times (the cache key of their timings)."""
+    text = repr((profiles, max_nodes, room, auto.rule, auto.timed_candidates))
+    return "plan-" + hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def resolve_auto(
     target,
     drafter,
@@ -323,22 +359,23 @@ def resolve_auto(
         extra = {"topks": tuple(sorted({p.topk for p in profiles}))}
     else:
         extra = {"nodes": tuple(n for n in grid if n >= 2) or (2,)}
-    draft = draft_costs(target, drafter, verify, batch=batch, context=context,
-                        progress=progress, **extra)  # fmt: skip
-    # The model ranks every tree; the best few are then timed as whole steps, interleaved with
-    # plain decoding, and compared on those measurements.
-    ranked = rank(profiles, verify, draft, max_nodes=max_nodes, room=room, rule=auto.rule)
-    top = []
-    for _, tree, _, _ in ranked:
-        if len(top) >= auto.timed_candidates:
-            break
-        if tree not in top:
-            top.append(tree)
+    # With timed candidates the step overhead comes from the first of them (one whole step
+    # less to compile, on a first call that is mostly compilation).
+    draft = draft_costs(
+        target, drafter, verify, batch=batch, context=context,
+        with_overhead=auto.timed_candidates == 0, progress=progress, **extra,
+    )  # fmt: skip
     measured = None
-    if top:
-        ar, seconds = step_costs(target, drafter, top, batch=batch, context=context,
-                                 progress=progress)  # fmt: skip
-        measured = (ar, dict(zip(top, seconds, strict=True)))
+    if auto.timed_candidates > 0:
+        plan = _plan_label(profiles, max_nodes=max_nodes, room=room, auto=auto)
+
+        def select(steps):
+            nonlocal draft
+            draft = _time_best(steps, profiles, verify, draft, max_nodes=max_nodes, room=room,
+                               rule=auto.rule, count=auto.timed_candidates)  # fmt: skip
+
+        measured = timed_steps(target, drafter, plan, select, batch=batch, context=context,
+                               progress=progress)  # fmt: skip
     choice = choose(
         profiles, verify, draft, max_nodes=max_nodes, room=room, rule=auto.rule,
         attn_impl=auto.attn_impl, allow_autoregressive=auto.allow_autoregressive,

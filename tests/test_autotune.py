@@ -83,3 +83,14 @@ def test_key_follows_the_weights(tiny_target):
 def test_context_beyond_the_model_is_refused(tiny_target):
     with pytest.raises(ValueError, match="max_seq_len"):
         autotune.measure_verify_costs(tiny_target, context=TINY.max_seq_len, nodes=(1,))
+
+
+def test_plain_decoding_calls_share_one_program(tiny_target):
+    """The short call is the long one stopped after its first token (that token as EOS), so
+    both run one compiled program; rows must be equal for one token to stop them all."""
+    ids = autotune._context_prompts(tiny_target, 2, 16)
+    long, short = autotune.plain_decoding_calls(tiny_target, ids)
+    assert list(long().lengths) == [autotune.AR_TOKENS] * 2
+    assert list(short().lengths) == [1, 1]
+    with pytest.raises(ValueError, match="equal rows"):
+        autotune.plain_decoding_calls(tiny_target, ids + [[0], [1]])

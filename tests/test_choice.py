@@ -3,6 +3,7 @@ SpecConfig.auto() path of speculative_generate. Synthetic profiles and costs che
 the end-to-end test checks that the default call chooses, reports and stays exact. No timing is
 asserted: measured seconds depend on the machine."""
 
+import dataclasses
 import math
 
 import chex
@@ -133,6 +134,41 @@ def test_measured_steps_override_the_model():
     )
 
 
+class FakeSteps:
+    """Stands in for autotune.CandidateSteps: `add` records the tree and returns a step time."""
+
+    def __init__(self, seconds):
+        self.seconds, self.loops = seconds, {}
+
+    def add(self, tree):
+        self.loops[tree] = None
+        return self.seconds(tree)
+
+
+def test_first_timed_candidate_gives_the_overhead():
+    """Unknown overhead: the best tree without it is timed first, its excess over draft +
+    verify becomes the overhead, and the other candidates are ranked with it."""
+    from specjax.choice import _best_trees, _time_best
+
+    profile = flat_profile()
+    draft = DraftCosts(key="d", kind="dynamic", topk=(4,), deep_depth=4,
+                       shallow=(0.01,), deep=(0.04,))  # fmt: skip
+    steep = VerifyCosts(key="v", nodes=(1, 16), seconds=(1.0, 2.5))
+    first = _best_trees([profile], steep, draft, count=1)[0]
+    overhead = 3.0  # a large fixed cost per step favours more tokens per step
+    steps = FakeSteps(lambda t: draft.t_draft(t) + steep.t_verify(t.num_nodes) + overhead)
+    ranked_with = _time_best(steps, [profile], steep, draft, count=3)
+    assert ranked_with.overhead == pytest.approx(overhead)
+    with_overhead = _best_trees([profile], steep, ranked_with, count=3)
+    assert list(steps.loops) == [first] + [t for t in with_overhead if t != first][:2]
+    assert with_overhead[0].num_nodes > first.num_nodes  # the overhead moved the ranking
+    # A known overhead is used as it is: no first timing apart from the rest.
+    known = dataclasses.replace(draft, overhead=overhead)
+    steps = FakeSteps(lambda t: 1.0)
+    assert _time_best(steps, [profile], steep, known, count=2) == known
+    assert list(steps.loops) == with_overhead[:2]
+
+
 def test_choice_falls_back_to_autoregressive_when_no_tree_pays():
     profile = flat_profile(gain=0.1)
     draft = DraftCosts(key="d", kind="dynamic", topk=(4,), deep_depth=4,
@@ -192,8 +228,10 @@ def test_default_call_reads_kept_costs_and_profiles(tmp_path, monkeypatch):
     write_profiles(pair_profile_file(target, drafter, "greedy"), [static_profile()])
     verify = VerifyCosts(key=autotune.cost_key(target, batch=2, context=context),
                          nodes=(1, 2, 4), seconds=(1.0, 1.0, 1.0), ar_token=1.0)  # fmt: skip
-    draft = DraftCosts(key=autotune.drafter_key(target, drafter, batch=2, context=context),
-                       kind="static", nodes=(2, 4), per_depth=(0.01, 0.01))  # fmt: skip
+    draft = DraftCosts(
+        key=autotune.drafter_key(target, drafter, batch=2, context=context),
+        kind="static", nodes=(2, 4), per_depth=(0.01, 0.01), overhead=0.0,
+    )  # fmt: skip
     for what, costs in (("verify", verify), ("draft", draft)):
         path = autotune._cache_file(costs.key, tmp_path, what)
         path.parent.mkdir(parents=True, exist_ok=True)
