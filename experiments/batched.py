@@ -59,6 +59,12 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--baselines", nargs="*", default=list(BASELINES), choices=BASELINES,
                         help="specjax generate with a large-batch path off")  # fmt: skip
+    parser.add_argument(
+        "--spec-tree",
+        default=None,
+        help="also time speculative_generate with this dynamic tree (budget,depth,topk, e.g. "
+        "7,3,4), with and without finished-row compaction",
+    )
     parser.add_argument("--out", default=str(RESULTS / "batched.md"))
     args = parser.parse_args(argv)
 
@@ -124,6 +130,37 @@ def main(argv=None) -> int:
         )
         return jax.block_until_ready(out)
 
+    def spec_fixed(tree, compact: bool):
+        """speculative_generate with an explicit tree; compact=False: the same program traced
+        with decode.COMPACT_MIN_BATCH out of reach (a fresh jit, as generate_without), so
+        finished rows run to the end of the batch."""
+        from specjax import decode, speculative
+
+        config = specjax.SpecConfig(tree=tree)
+        fresh = jax.jit(speculative._speculative.__wrapped__, static_argnames=(
+            "target_def", "drafter_def", "verifier_def", "max_new_tokens", "config", "sampling",
+            "mesh",
+        ))  # fmt: skip
+
+        def run(prompts):
+            if compact:
+                return jax.block_until_ready(specjax.speculative_generate(
+                    loaded.model, drafter, prompts, max_new_tokens=args.max_new_tokens,
+                    eos_id=eos, config=config,
+                ))  # fmt: skip
+            saved, decode.COMPACT_MIN_BATCH = decode.COMPACT_MIN_BATCH, 1 << 30
+            original, speculative._speculative = speculative._speculative, fresh
+            try:
+                out = speculative.speculative_decode(
+                    loaded.model, drafter, prompts, max_new_tokens=args.max_new_tokens,
+                    config=config, eos_id=eos,
+                )  # fmt: skip
+            finally:
+                decode.COMPACT_MIN_BATCH, speculative._speculative = saved, original
+            return jax.block_until_ready(out)
+
+        return run
+
     def run_hf(prompts):
         import torch
 
@@ -182,6 +219,11 @@ def main(argv=None) -> int:
             methods[f"specjax generate, {name}"] = generate_without(*BASELINES[name])
         if not args.no_spec:
             methods["specjax speculative (auto, eagle)"] = run_spec
+        if args.spec_tree:
+            tree = specjax.TreeConfig.dynamic(*map(int, args.spec_tree.split(",")))
+            label = f"specjax speculative (eagle, dynamic({args.spec_tree}))"
+            methods[label] = spec_fixed(tree, compact=True)
+            methods[label + ", no compaction"] = spec_fixed(tree, compact=False)
         if hf is not None:
             methods["transformers generate"] = run_hf
         outs, times = {}, {name: [] for name in methods}

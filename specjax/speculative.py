@@ -1,5 +1,6 @@
 """speculative_generate: draft, verify, accept, commit, stop - one jitted `lax.while_loop` over a
-named step function (SpeculativeLoop.step).
+named step function (SpeculativeLoop.step). At B >= decode.COMPACT_MIN_BATCH the loop runs in
+phases of fewer rows once rows finish (_steps_until_done), all inside the same jitted program.
 
 Axis letters: B batch, N tree nodes, P = max_depth + 1 path slots, S cache length, V vocab.
 
@@ -37,8 +38,10 @@ from specjax.decode import (
     choose_tokens,
     prepare_keys,
     prepare_prompts,
+    row_phases,
 )
 from specjax.drafters.base import RootContext
+from specjax.rows import put_rows, take_rows, without_caches
 from specjax.sharding import check_batch, constrain_rows, mesh_of, onto_mesh, place_rows, use_mesh
 from specjax.tree import Acceptance, DraftTree, ancestor_mask, static_ancestor_mask
 from specjax.verifiers.full import FullVerifier, nonfinite_rows
@@ -339,8 +342,36 @@ def _speculative(
     )  # fmt: skip
     with use_mesh(mesh):
         state = loop.init(ids, prompt_lens, keys, eos_id)
-        final = jax.lax.while_loop(lambda s: ~jnp.all(s.done), loop.step, state)
-        return loop.output(final)
+        return loop.output(_steps_until_done(loop, state, compact=mesh is None))
+
+
+def _steps_until_done(loop: SpeculativeLoop, state: SpecState, *, compact: bool):
+    """Run loop.step until every row is done; the final state (caches dropped when compacting).
+
+    Finished rows stop costing in large batches, as in specjax.decode.generate: the steps run in
+    phases of B, B/2, ... rows (row_phases); a phase ends when its live rows fit in the next, which
+    continues on those rows (specjax.rows.take_rows). A row's draws depend only on its own key
+    and length, so its output is the same as in one loop over the whole batch. What finished
+    rows report (tokens, counters) is kept aside without their caches and the rows are put back
+    in their places at the end."""
+    b = state.done.shape[0]
+    phases = row_phases(b, compact)
+    if len(phases) == 1:
+        return jax.lax.while_loop(lambda s: ~jnp.all(s.done), loop.step, state)
+    rows = jnp.arange(b, dtype=jnp.int32)
+    report = without_caches(state)
+    for i, size in enumerate(phases):
+        if i:
+            report = put_rows(report, without_caches(state), rows, b)
+            keep = jnp.argsort(state.done, stable=True)[:size]
+            state, rows = take_rows(state, keep, state.done.shape[0]), rows[keep]
+        smaller = phases[i + 1] if i + 1 < len(phases) else 0
+
+        def going(s: SpecState, smaller=smaller):
+            return ~jnp.all(s.done) & (jnp.sum(~s.done) > smaller)
+
+        state = jax.lax.while_loop(going, loop.step, state)
+    return put_rows(report, without_caches(state), rows, b)
 
 
 @functools.partial(

@@ -102,6 +102,42 @@ def test_row_output_independent_of_other_rows(tiny_pair, rule):
     np.testing.assert_array_equal(np.asarray(batch.tokens[2]), np.asarray(alone.tokens[0]))
 
 
+@pytest.mark.parametrize("temperature", [pytest.param(0.0, marks=pytest.mark.slow), 1.0])
+def test_finished_rows_leave_the_speculative_batch_rows_equal_alone(temperature):
+    """At B >= COMPACT_MIN_BATCH the speculative steps run in phases of fewer rows once rows
+    finish (specjax.rows): each row's tokens, length and statistics still equal the row decoded
+    alone, and greedy rows equal plain decoding."""
+    graphdef, params = nnx.split(specjax.Llama(TINY, rngs=nnx.Rngs(1)))
+    # Sharper logits than the random init, so greedy rows do not all fall into one loop.
+    target = nnx.merge(graphdef, jax.tree.map(lambda x: x * 3.0 if x.ndim >= 2 else x, params))
+    drafter = LMDrafter.self_draft(1)
+    b, n = specjax.decode.COMPACT_MIN_BATCH, 24
+    # Reversed, so that the rows decoding longest sit last: the phases must gather them.
+    prompts = [[1 + i, 3, (5 * i) % TINY.vocab_size] for i in reversed(range(b))]
+    sampling = SamplingConfig(temperature=temperature)
+    keys = jax.random.split(jax.random.key(11), b)[::-1]
+    config = SpecConfig(tree=TreeConfig(branching=(2, 1)))
+    free = specjax.generate(target, prompts, max_new_tokens=n, sampling=sampling, key=keys)
+    eos = int(np.bincount(np.asarray(free.tokens).ravel()).argmax())  # the most common token
+    kw = dict(max_new_tokens=n, config=config, sampling=sampling, eos_id=eos)
+    batch = specjax.speculative_generate(target, drafter, prompts, key=keys, **kw)
+    lengths = np.asarray(batch.lengths)
+    # More than half the rows stop early, so the last phase ran on fewer rows.
+    assert (lengths < n).sum() > b - specjax.decode.COMPACT_MIN_ROWS, lengths
+    if temperature == 0.0:
+        ref = specjax.generate(target, prompts, max_new_tokens=n, eos_id=eos)
+        np.testing.assert_array_equal(np.asarray(batch.tokens), np.asarray(ref.tokens))
+    for i, prompt in enumerate(prompts):
+        alone = specjax.speculative_generate(target, drafter, [prompt], key=keys[i : i + 1], **kw)
+        np.testing.assert_array_equal(np.asarray(batch.tokens[i]), np.asarray(alone.tokens[0]))
+        assert lengths[i] == int(alone.lengths[0])
+        for name in ("target_calls", "accepted_hist", "draft_len_hist"):
+            np.testing.assert_array_equal(
+                np.asarray(batch.stats[name][i]), np.asarray(alone.stats[name][0]), err_msg=name
+            )
+    assert_stats_consistent(batch, config.tree.max_depth + 1)
+
+
 def test_no_recompile_and_single_while_loop(tiny_pair):
     target, drafter = tiny_pair
     statics = ("target_def", "drafter_def", "verifier_def", "max_new_tokens", "config", "sampling")
