@@ -110,6 +110,7 @@ def main(argv=None) -> int:
         drafter = load_drafter(repo_dir() / SMOLLM2_EAGLE, loaded.model)
         model_name = "SmolLM2-135M-Instruct (GGUF Q4_1 dequantized to float32)"
         prompt_name = "first B MT-bench first turns, chat template"
+        stop = "EOS stop"
     else:
         loaded = specjax.load(shared_path(STORIES260K), tokenizer=shared_path(STORIES_TOKENIZER))
         # The llama2.c models delimit stories with BOS (llama2.c's run.c stops there).
@@ -118,6 +119,7 @@ def main(argv=None) -> int:
         drafter = load_drafter(repo_dir() / STORIES260K_EAGLE, loaded.model)
         model_name = "stories260K (llama2.c, float32)"
         prompt_name = "first 8 words of B TinyStories dev paragraphs"
+        stop = "stop at BOS (the story delimiter)"
     hf = None
     if not args.no_hf:
         prepare_torch_env()
@@ -232,7 +234,7 @@ def main(argv=None) -> int:
         """The results file with the rows so far (a long run keeps what it measured)."""
         header = device_header(
             model=model_name,
-            prompts=f"{prompt_name}, {args.max_new_tokens} new tokens, EOS stop, greedy",
+            prompts=f"{prompt_name}, {args.max_new_tokens} new tokens, {stop}, greedy",
             repetitions=f"{args.reps} interleaved after one warm-up call each",
             command="python experiments/batched.py " + " ".join(argv or sys.argv[1:]),
         )
