@@ -215,11 +215,10 @@ def per_decoded_token(long_s: float, short_s: float) -> float:
     return difference if difference > 0 else long_s / AR_TOKENS
 
 
-def seconds_per_iteration(body, params, init, *, reps: int = 5, call_s: float = 0.05) -> float:
-    """Seconds of one body(params, carry) -> carry, timed inside a jitted fori_loop (as the
-    engine runs it: no dispatch per iteration, buffers updated in place): compiled once with a
-    traced trip count, run once with 1 iteration to size the timed calls at ~call_s each, then
-    the median over `reps` calls."""
+def sized_loop(body, params, init, call_s: float):
+    """(run, n, single): run(params, init, n) is a jitted fori_loop of n body(params, carry)
+    iterations, compiled with a traced trip count and run once; `single` is the seconds of a
+    second one-iteration call and n the iterations that make a call last ~call_s."""
 
     def loop(params, init, n):
         return jax.lax.fori_loop(0, n, lambda i, c: body(params, c), init)
@@ -229,7 +228,16 @@ def seconds_per_iteration(body, params, init, *, reps: int = 5, call_s: float = 
     t0 = time.perf_counter()
     jax.block_until_ready(run(params, init, 1))
     single = time.perf_counter() - t0
-    n = int(min(1000, max(1, call_s / max(single, 1e-6))))
+    return run, int(min(1000, max(1, call_s / max(single, 1e-6)))), single
+
+
+def seconds_per_iteration(body, params, init, *, reps: int = 5, call_s: float = 0.05) -> float:
+    """Seconds of one body(params, carry) -> carry, timed inside a jitted fori_loop (as the
+    engine runs it: no dispatch per iteration, buffers updated in place): compiled once with a
+    traced trip count, run once with 1 iteration to size the timed calls at ~call_s each, then
+    the median over `reps` calls."""
+
+    run, n, single = sized_loop(body, params, init, call_s)
     per = []
     for _ in range(max(1, min(reps, int(3.0 / max(single, 1e-6))))):  # ~3 s at most
         t0 = time.perf_counter()
@@ -481,15 +489,7 @@ class CandidateSteps:
         self.say(f"timing candidate steps: {len(self.loops) + 1}")
         run = _cost_run(self.target, self.drafter, tree, batch=self.batch, context=self.context)
         body, params, state = _step_body(run, SpecConfig(tree=tree, pre_verify=False))
-
-        def loop(params, init, n):
-            return jax.lax.fori_loop(0, n, lambda i, c: body(params, c), init)
-
-        fn = jax.jit(loop)
-        jax.block_until_ready(fn(params, state, 1))
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(params, state, 1))
-        n = int(min(1000, max(1, self.call_s / max(time.perf_counter() - t0, 1e-6))))
+        fn, n, _ = sized_loop(body, params, state, self.call_s)
         self.loops[tree] = (fn, params, state, n)
         return self._time(tree)
 

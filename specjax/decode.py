@@ -178,12 +178,13 @@ class _ARState:
     hidden: jax.Array | None  # [B, max_new, M] last hidden state of each fed token, if recorded
 
 
-def row_phases(batch: int, compact: bool) -> tuple[int, ...]:
+def row_phases(batch: int, compact: bool, max_phases: int | None = None) -> tuple[int, ...]:
     """Batch sizes of the decoding phases: the whole batch, then halves while the rows still
-    live fit (see _generate_loop); one phase when not compacting or for small batches."""
+    live fit (see _generate_loop), at most max_phases of them (each phase is a compiled copy of
+    the loop body); one phase when not compacting or for small batches."""
     sizes = [batch]
     if compact and batch >= COMPACT_MIN_BATCH:
-        while sizes[-1] // 2 >= COMPACT_MIN_ROWS:
+        while sizes[-1] // 2 >= COMPACT_MIN_ROWS and len(sizes) < (max_phases or batch):
             sizes.append(sizes[-1] // 2)
     return tuple(sizes)
 

@@ -345,17 +345,25 @@ def _speculative(
         return loop.output(_steps_until_done(loop, state, compact=mesh is None))
 
 
+# A speculative step compiles to far more than a decode step, so its phases stop at B/4, and
+# calls of a few steps (budgets below SPECULATIVE_PHASE_TOKENS) have nothing to gain from them.
+SPECULATIVE_PHASES = 3
+SPECULATIVE_PHASE_TOKENS = 32
+
+
 def _steps_until_done(loop: SpeculativeLoop, state: SpecState, *, compact: bool):
     """Run loop.step until every row is done; the final state (caches dropped when compacting).
 
-    Finished rows stop costing in large batches, as in specjax.decode.generate: the steps run in
-    phases of B, B/2, ... rows (row_phases); a phase ends when its live rows fit in the next, which
-    continues on those rows (specjax.rows.take_rows). A row's draws depend only on its own key
-    and length, so its output is the same as in one loop over the whole batch. What finished
-    rows report (tokens, counters) is kept aside without their caches and the rows are put back
-    in their places at the end."""
+    Finished rows stop costing in large batches, as in specjax.decode.generate: the steps run
+    in phases of B, B/2 and B/4 rows (row_phases, SPECULATIVE_PHASES; budgets of at least
+    SPECULATIVE_PHASE_TOKENS); a phase ends when its
+    live rows fit in the next, which continues on those rows (specjax.rows.take_rows). A row's
+    draws depend only on its own key and length, so its output is the same as in one loop over
+    the whole batch. What finished rows report (tokens, counters) is kept aside without their
+    caches and the rows are put back in their places at the end."""
     b = state.done.shape[0]
-    phases = row_phases(b, compact)
+    compact = compact and loop.max_new_tokens >= SPECULATIVE_PHASE_TOKENS
+    phases = row_phases(b, compact, max_phases=SPECULATIVE_PHASES)
     if len(phases) == 1:
         return jax.lax.while_loop(lambda s: ~jnp.all(s.done), loop.step, state)
     rows = jnp.arange(b, dtype=jnp.int32)

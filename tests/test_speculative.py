@@ -111,7 +111,7 @@ def test_finished_rows_leave_the_speculative_batch_rows_equal_alone(temperature)
     # Sharper logits than the random init, so greedy rows do not all fall into one loop.
     target = nnx.merge(graphdef, jax.tree.map(lambda x: x * 3.0 if x.ndim >= 2 else x, params))
     drafter = LMDrafter.self_draft(1)
-    b, n = specjax.decode.COMPACT_MIN_BATCH, 24
+    b, n = specjax.decode.COMPACT_MIN_BATCH, speculative.SPECULATIVE_PHASE_TOKENS
     # Reversed, so that the rows decoding longest sit last: the phases must gather them.
     prompts = [[1 + i, 3, (5 * i) % TINY.vocab_size] for i in reversed(range(b))]
     sampling = SamplingConfig(temperature=temperature)
