@@ -10,6 +10,7 @@ line of the measurement stamped with the seconds since the call began. Then the 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
@@ -26,8 +27,6 @@ def main(argv=None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--out", default=str(RESULTS / "first_call.md"))
     args = parser.parse_args(argv)
-
-    import os
 
     cache = tempfile.mkdtemp(prefix="specjax-first-call-")
     os.environ["SPECJAX_CACHE"] = cache  # empty: everything is measured

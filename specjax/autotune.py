@@ -369,8 +369,10 @@ def _drafter_state_at(target, drafter, tree, config, *, batch, context):
     `context` filler tokens, for a step drafting `tree`. The target's hidden states handed to the
     drafter are zeros of the prefill's shapes (costs do not depend on values), so no target
     forward is compiled: only the drafter's own prefill."""
+    from specjax.config import SamplingConfig
     from specjax.decode import prepare_keys, prepare_prompts
     from specjax.drafters.base import RootContext
+    from specjax.speculative import SpeculativeLoop
     from specjax.verifiers import FullVerifier
 
     ids, lens = prepare_prompts(
@@ -378,7 +380,9 @@ def _drafter_state_at(target, drafter, tree, config, *, batch, context):
         extra_slots=tree_reserve(tree.num_nodes, tree.max_depth),
     )  # fmt: skip
     ids, lens = jnp.asarray(ids), jnp.asarray(lens)
-    cache_len = ids.shape[1] + COST_NEW_TOKENS + tree_reserve(tree.num_nodes, tree.max_depth)
+    cache_len = SpeculativeLoop(
+        target, drafter, FullVerifier(), config, SamplingConfig(), COST_NEW_TOKENS
+    ).cache_len(ids.shape[1])
     hidden_shapes = jax.eval_shape(
         lambda: FullVerifier().prefill(
             target, ids, lens, cache_len, feature_layers=drafter.feature_layers,
@@ -517,27 +521,6 @@ class CandidateSteps:
             for tree, times in step_times.items():
                 times.append(self._time(tree))
         return float(np.median(ar_times)), {t: float(np.median(x)) for t, x in step_times.items()}
-
-
-def measure_step_costs(
-    target,
-    drafter,
-    trees: Sequence,
-    *,
-    batch: int = 1,
-    context: int = DEFAULT_CONTEXT,
-    rounds: int = 3,
-    call_s: float = 0.2,
-    progress: Callable[[str], None] | None = None,
-) -> tuple[float, tuple[float, ...]]:
-    """(seconds per autoregressive token, seconds of one whole speculative step per tree),
-    measured by CandidateSteps."""
-    steps = CandidateSteps(target, drafter, batch=batch, context=context, call_s=call_s,
-                           progress=progress)  # fmt: skip
-    for tree in trees:
-        steps.add(tree)
-    ar, seconds = steps.measure(rounds)
-    return ar, tuple(seconds[tree] for tree in trees)
 
 
 def measure_draft_costs(

@@ -168,7 +168,7 @@ def choose(
     measured: tuple[float, dict] | None = None,
 ) -> Choice:
     """The candidate of highest predicted tokens per second (see rank). measured: (seconds per
-    autoregressive token, {tree: measured seconds per step}) from measure_step_costs: those
+    autoregressive token, {tree: measured seconds per step}) from autotune.CandidateSteps: those
     trees are then compared on their measured steps (and plain decoding on its measured
     cost) instead of the model's. When no tree is predicted to beat autoregressive decoding
     and allow_autoregressive, the choice is plain decoding (config None); likewise when the

@@ -356,11 +356,11 @@ def _steps_until_done(loop: SpeculativeLoop, state: SpecState, *, compact: bool)
 
     Finished rows stop costing in large batches, as in specjax.decode.generate: the steps run
     in phases of B, B/2 and B/4 rows (row_phases, SPECULATIVE_PHASES; budgets of at least
-    SPECULATIVE_PHASE_TOKENS); a phase ends when its
-    live rows fit in the next, which continues on those rows (specjax.rows.take_rows). A row's
-    draws depend only on its own key and length, so its output is the same as in one loop over
-    the whole batch. What finished rows report (tokens, counters) is kept aside without their
-    caches and the rows are put back in their places at the end."""
+    SPECULATIVE_PHASE_TOKENS); a phase ends when its live rows fit in the next, which continues
+    on those rows (specjax.rows.take_rows). A row's draws depend only on its own key and
+    length, so its output is the same as in one loop over the whole batch. What finished rows
+    report (tokens, counters) is kept aside without their caches and the rows are put back in
+    their places at the end."""
     b = state.done.shape[0]
     compact = compact and loop.max_new_tokens >= SPECULATIVE_PHASE_TOKENS
     phases = row_phases(b, compact, max_phases=SPECULATIVE_PHASES)
