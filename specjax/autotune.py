@@ -40,14 +40,13 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from specjax.benchmark import time_interleaved
 from specjax.cache import init_cache, tree_reserve
 from specjax.tree import causal_mask
 
 DEFAULT_NODES = (1, 2, 4, 8, 16, 32, 64)
 DEFAULT_CONTEXT = 256  # committed positions before the measured block
-FORMAT_VERSION = 4  # 3: costs without the drafter's pre-verifier; 4: overhead may be unknown
-AR_TOKENS = 33  # tokens of the timed generate call (autoregressive cost per token)
+FORMAT_VERSION = 5  # 3: no pre-verifier in costs; 4: overhead may be unknown; 5: AR step loop
+AR_TOKENS = 33  # decoding room of the plain-decoding state timed (generate's for 33 tokens)
 STATIC_DRAFT_NODES = (2, 4, 8, 16, 32, 64)
 COST_NEW_TOKENS = 4  # max_new_tokens of the speculative states steps are timed in
 
@@ -179,71 +178,95 @@ def measure_verify_costs(
     return VerifyCosts(key=key, nodes=nodes, seconds=tuple(seconds), ar_token=ar)
 
 
-def plain_decoding_calls(target, ids) -> tuple[Callable[[], object], Callable[[], object]]:
-    """Two generate calls on `ids` (rows all equal): AR_TOKENS new tokens, and 1 (its prefill
-    and first token). Their time difference over AR_TOKENS - 1 is plain decoding's cost per
-    token, the while_loop, sampling and bookkeeping included, the prefill and the per-call host
-    work (milliseconds: a large share of a short call for a small model) excluded, as they are
-    from the timed speculative steps. The short call is the same compiled program, stopped
-    after its first token by making that token the end-of-sequence id."""
-    from specjax.decode import generate
+def plain_decoding_step(target, *, batch: int, context: int):
+    """(body, params, state): one token of specjax.generate's loop (decode.decode_step: the
+    target over one token per row, greedy choice, bookkeeping) as a loop body, in the state
+    generate holds after prefilling `context` filler tokens in `batch` rows. The body puts the
+    cache lengths, step and done flags back, so every iteration decodes at the same context and
+    no row finishes. Timed in a jitted loop (seconds_per_iteration), this is plain decoding's
+    cost per token without its prefill, which at large batches costs more than the tokens timed
+    (32 rows x 256 filler tokens)."""
+    from specjax.config import SamplingConfig
+    from specjax.decode import decode_step, prepare_keys, prepare_prompts, start_decoding
 
-    ids = np.asarray(ids)
-    if not (ids == ids[:1]).all():
-        raise ValueError("plain_decoding_calls needs equal rows (one first token stops them all)")
+    graphdef, params = nnx.split(target)
+    ids, lens = prepare_prompts(_context_prompts(target, batch, context), target.config, AR_TOKENS)
+    keys = prepare_keys(None, batch)
+    options = dict(max_new_tokens=AR_TOKENS, sampling=SamplingConfig(), attn_impl="auto",
+                   record_hidden=False)  # fmt: skip
+    never = jnp.int32(-1)  # no token is the EOS: rows stay live
 
-    def long():
-        return generate(target, ids, max_new_tokens=AR_TOKENS)
+    @jax.jit
+    def start(params, ids, lens):
+        return start_decoding(nnx.merge(graphdef, params), ids, lens, keys, never, **options)[0]
 
-    first = int(np.asarray(long().tokens)[0, 0])  # also compiles and warms the program
-    return long, lambda: generate(target, ids, max_new_tokens=AR_TOKENS, eos_id=first)
+    def body(params, s):
+        new = decode_step(nnx.merge(graphdef, params), s, keys, never, **options)
+        back = new.cache.replace(lengths=s.cache.lengths)
+        return new.replace(step=s.step, done=s.done, cache=back)
+
+    return body, params, start(params, jnp.asarray(ids), jnp.asarray(lens))
 
 
 def measure_ar_token(target, *, batch, context, reps) -> float:
     """Seconds per token of specjax.generate after `context` prompt tokens (see
-    plain_decoding_calls): medians of interleaved calls."""
-    long, short = plain_decoding_calls(target, _context_prompts(target, batch, context))
-    t = time_interleaved({"long": long, "short": short}, max(reps, 3))
-    return per_decoded_token(t["long"].median, t["short"].median)
+    plain_decoding_step)."""
+    return seconds_per_iteration(
+        *plain_decoding_step(target, batch=batch, context=context), reps=reps
+    )
 
 
-def per_decoded_token(long_s: float, short_s: float) -> float:
-    """Seconds per token from the two calls of plain_decoding_calls. Where the difference is
-    lost in the timer's noise (a tiny model), the long call's seconds per token, an upper
-    bound, stand in: never 0, which cost files read as "not measured"."""
-    difference = (long_s - short_s) / (AR_TOKENS - 1)
-    return difference if difference > 0 else long_s / AR_TOKENS
+@dataclasses.dataclass
+class TimedLoop:
+    """A jitted fori_loop of `n` iterations of a body, and the seconds of its per-call fixed
+    cost (`fixed`: dispatch, and the copy of the carried state that an input not donated needs
+    for the loop's output: ~145 ms for SmolLM2's cache at 32 rows, as much as a decoded token),
+    measured as a call of zero iterations and taken off every timing."""
+
+    run: Callable
+    params: object
+    init: object
+    n: int
+    fixed: float
+    single: float = 0.0  # net seconds of the one-iteration call that sized n
+
+    def call(self, n: int) -> float:
+        t0 = time.perf_counter()
+        jax.block_until_ready(self.run(self.params, self.init, n))
+        return time.perf_counter() - t0
+
+    def per_iteration(self) -> float:
+        """Seconds per iteration from one call of n iterations. Where the fixed cost is not
+        below the call's (noise), the call's own average stands in: an upper bound, never 0."""
+        seconds = self.call(self.n)
+        net = seconds - self.fixed
+        return (net if net > 0 else seconds) / self.n
 
 
-def sized_loop(body, params, init, call_s: float):
-    """(run, n, single): run(params, init, n) is a jitted fori_loop of n body(params, carry)
-    iterations, compiled with a traced trip count and run once; `single` is the seconds of a
-    second one-iteration call and n the iterations that make a call last ~call_s."""
+def sized_loop(body, params, init, call_s: float) -> TimedLoop:
+    """A TimedLoop of body(params, carry) -> carry: compiled with a traced trip count and run
+    once, its fixed cost the median of three zero-iteration calls, n the iterations that make
+    a call's net time ~call_s (from a second one-iteration call)."""
 
     def loop(params, init, n):
         return jax.lax.fori_loop(0, n, lambda i, c: body(params, c), init)
 
-    run = jax.jit(loop)
-    jax.block_until_ready(run(params, init, 1))
-    t0 = time.perf_counter()
-    jax.block_until_ready(run(params, init, 1))
-    single = time.perf_counter() - t0
-    return run, int(min(1000, max(1, call_s / max(single, 1e-6)))), single
+    timed = TimedLoop(jax.jit(loop), params, init, n=1, fixed=0.0)
+    timed.call(1)  # compiles
+    timed.fixed = float(np.median([timed.call(0) for _ in range(3)]))
+    timed.single = max(timed.call(1) - timed.fixed, 1e-6)
+    timed.n = int(min(1000, max(1, call_s / timed.single)))
+    return timed
 
 
 def seconds_per_iteration(body, params, init, *, reps: int = 5, call_s: float = 0.05) -> float:
     """Seconds of one body(params, carry) -> carry, timed inside a jitted fori_loop (as the
-    engine runs it: no dispatch per iteration, buffers updated in place): compiled once with a
-    traced trip count, run once with 1 iteration to size the timed calls at ~call_s each, then
-    the median over `reps` calls."""
-
-    run, n, single = sized_loop(body, params, init, call_s)
-    per = []
-    for _ in range(max(1, min(reps, int(3.0 / max(single, 1e-6))))):  # ~3 s at most
-        t0 = time.perf_counter()
-        jax.block_until_ready(run(params, init, n))
-        per.append((time.perf_counter() - t0) / n)
-    return float(np.median(per))
+    engine runs it: no dispatch per iteration, buffers updated in place): the median over
+    `reps` calls (fewer when a call is long: ~3 s at most) of a sized_loop, net of its fixed
+    per-call cost."""
+    timed = sized_loop(body, params, init, call_s)
+    reps = max(1, min(reps, int(3.0 / timed.single)))
+    return float(np.median([timed.per_iteration() for _ in range(reps)]))
 
 
 def _print_progress(message: str) -> None:
@@ -358,7 +381,7 @@ class DraftCosts:
 
 def _context_prompts(target, batch: int, context: int) -> np.ndarray:
     """Deterministic filler prompts of `context` tokens, the same in every row (costs do not
-    depend on the ids; equal rows let plain_decoding_calls stop them all at once)."""
+    depend on the ids)."""
     vocab = target.config.vocab_size
     row = (np.arange(context, dtype=np.int64) * 7919 + 11) % vocab
     return np.broadcast_to(row, (batch, context)).astype(np.int32)
@@ -477,14 +500,14 @@ class CandidateSteps:
     returns a first estimate) and then timed together (`measure`) in interleaved rounds with
     plain decoding: a CPU's speed drifts by tens of percent within minutes, so the ratios that
     decide the choice are taken under the same conditions. Each tree's step runs in a jitted
-    loop sized to ~call_s; plain decoding is timed as in plain_decoding_calls."""
+    loop sized to ~call_s, and so is plain decoding (plain_decoding_step)."""
 
     def __init__(self, target, drafter, *, batch: int = 1, context: int = DEFAULT_CONTEXT,
                  call_s: float = 0.2, progress: Callable[[str], None] | None = None):  # fmt: skip
         self.target, self.drafter = target, drafter
         self.batch, self.context, self.call_s = batch, context, call_s
         self.say = progress or (lambda message: None)
-        self.loops: dict = {}  # tree -> (jitted loop, params, state, iterations per call)
+        self.loops: dict = {}  # tree -> TimedLoop of its whole step
 
     def add(self, tree) -> float:
         """Compile `tree`'s step and return its seconds per step from one sized call."""
@@ -493,33 +516,22 @@ class CandidateSteps:
         self.say(f"timing candidate steps: {len(self.loops) + 1}")
         run = _cost_run(self.target, self.drafter, tree, batch=self.batch, context=self.context)
         body, params, state = _step_body(run, SpecConfig(tree=tree, pre_verify=False))
-        fn, n, _ = sized_loop(body, params, state, self.call_s)
-        self.loops[tree] = (fn, params, state, n)
-        return self._time(tree)
-
-    def _time(self, tree) -> float:
-        fn, params, state, n = self.loops[tree]
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(params, state, n))
-        return (time.perf_counter() - t0) / n
+        self.loops[tree] = sized_loop(body, params, state, self.call_s)
+        return self.loops[tree].per_iteration()
 
     def measure(self, rounds: int = 3) -> tuple[float, dict]:
         """(seconds per autoregressive token, {tree: seconds per step}): medians of `rounds`
         interleaved rounds."""
-        long, short = plain_decoding_calls(
-            self.target, _context_prompts(self.target, self.batch, self.context)
+        body, params, state = plain_decoding_step(
+            self.target, batch=self.batch, context=self.context
         )
+        plain = sized_loop(body, params, state, self.call_s)
         ar_times, step_times = [], {tree: [] for tree in self.loops}
         for r in range(rounds):
             self.say(f"timing candidate steps against plain decoding: round {r + 1}/{rounds}")
-            t0 = time.perf_counter()
-            jax.block_until_ready(long())
-            t1 = time.perf_counter()
-            jax.block_until_ready(short())
-            t2 = time.perf_counter()
-            ar_times.append(per_decoded_token(t1 - t0, t2 - t1))
+            ar_times.append(plain.per_iteration())
             for tree, times in step_times.items():
-                times.append(self._time(tree))
+                times.append(self.loops[tree].per_iteration())
         return float(np.median(ar_times)), {t: float(np.median(x)) for t, x in step_times.items()}
 
 

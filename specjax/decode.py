@@ -224,16 +224,11 @@ def _generate(
         )  # fmt: skip
 
 
-def _generate_loop(
+def start_decoding(
     model, ids, prompt_lens, keys, eos_id, *, max_new_tokens, sampling, attn_impl, record_hidden
 ):
-    """The body of _generate (under the mesh context when there is one).
-
-    Finished rows stop costing in large batches: decoding runs in phases of B, B/2, B/4, ...
-    rows; a phase ends when its live rows fit in the next one, and the live rows (with their
-    caches) are then gathered into it. A row's tokens depend only on its own cache and key, so
-    the output is the same as one loop over the whole batch. Without a mesh only (rows are
-    sharded over 'data' on one) and not when recording hidden states."""
+    """(state, prompt hidden states): the decoding state after the prefill of `ids` [B, T] and
+    the first token, every row live in it."""
     b, t = ids.shape
     cache = init_cache(model.config, b, t + max_new_tokens)
     last_layer = model.config.n_layers
@@ -256,37 +251,60 @@ def _generate_loop(
         if record_hidden
         else None,
     )
-    state = constrain_rows(state, b)
+    return constrain_rows(state, b), prompt_hidden
+
+
+def decode_step(
+    model, s: _ARState, keys, eos_id, *, max_new_tokens, sampling, attn_impl, record_hidden
+) -> _ARState:
+    """One token for every row of `s` (the loop body of _generate_loop): the target over the
+    last tokens, the next tokens chosen, finished rows marked. keys: [B] the whole batch's."""
+    r = s.rows.shape[0]
+    last_layer = model.config.n_layers
+    out = model(
+        s.last[:, None],
+        positions=s.cache.lengths[:, None],
+        cache=s.cache,
+        tree_mask=jnp.ones((r, 1, 1), bool),
+        return_hidden=(last_layer,) if record_hidden else (),
+        attn_impl=attn_impl,
+    )
+    hidden = s.hidden
+    if record_hidden:  # the token fed at this step is generated token step - 1
+        hidden = hidden.at[s.rows, s.step - 1].set(out.hidden[last_layer][:, 0].astype(jnp.float32))
+    live = ~s.done
+    cache = out.cache.replace(lengths=s.cache.lengths + live)
+    nxt = choose_tokens(out.logits[:, 0], keys[s.rows], s.step, sampling)
+    nxt = jnp.where(live, nxt, 0)
+    new = s.replace(
+        step=s.step + 1,
+        tokens=s.tokens.at[s.rows, s.step].set(nxt),
+        n_generated=s.n_generated.at[s.rows].add(live),
+        last=nxt,
+        done=s.done | (nxt == eos_id) | (s.step + 1 >= max_new_tokens),
+        cache=cache,
+        hidden=hidden,
+    )
+    return constrain_rows(new, keys.shape[0])
+
+
+def _generate_loop(
+    model, ids, prompt_lens, keys, eos_id, *, max_new_tokens, sampling, attn_impl, record_hidden
+):
+    """The body of _generate (under the mesh context when there is one).
+
+    Finished rows stop costing in large batches: decoding runs in phases of B, B/2, B/4, ...
+    rows; a phase ends when its live rows fit in the next one, and the live rows (with their
+    caches) are then gathered into it. A row's tokens depend only on its own cache and key, so
+    the output is the same as one loop over the whole batch. Without a mesh only (rows are
+    sharded over 'data' on one) and not when recording hidden states."""
+    b = ids.shape[0]
+    options = dict(max_new_tokens=max_new_tokens, sampling=sampling, attn_impl=attn_impl,
+                   record_hidden=record_hidden)  # fmt: skip
+    state, prompt_hidden = start_decoding(model, ids, prompt_lens, keys, eos_id, **options)
 
     def body(s: _ARState):
-        r = s.rows.shape[0]
-        out = model(
-            s.last[:, None],
-            positions=s.cache.lengths[:, None],
-            cache=s.cache,
-            tree_mask=jnp.ones((r, 1, 1), bool),
-            return_hidden=wanted,
-            attn_impl=attn_impl,
-        )
-        hidden = s.hidden
-        if record_hidden:  # the token fed at this step is generated token step - 1
-            hidden = hidden.at[s.rows, s.step - 1].set(
-                out.hidden[last_layer][:, 0].astype(jnp.float32)
-            )
-        live = ~s.done
-        cache = out.cache.replace(lengths=s.cache.lengths + live)
-        nxt = choose_tokens(out.logits[:, 0], keys[s.rows], s.step, sampling)
-        nxt = jnp.where(live, nxt, 0)
-        new = s.replace(
-            step=s.step + 1,
-            tokens=s.tokens.at[s.rows, s.step].set(nxt),
-            n_generated=s.n_generated.at[s.rows].add(live),
-            last=nxt,
-            done=s.done | (nxt == eos_id) | (s.step + 1 >= max_new_tokens),
-            cache=cache,
-            hidden=hidden,
-        )
-        return constrain_rows(new, b)
+        return decode_step(model, s, keys, eos_id, **options)
 
     compact = active_mesh() is None and not record_hidden
     phases = row_phases(b, compact)
@@ -302,6 +320,7 @@ def _generate_loop(
         state = jax.lax.while_loop(cond, body, state)
     stats = None
     if record_hidden:
+        last_layer = model.config.n_layers
         stats = {"prompt_hidden": prompt_hidden[last_layer], "hidden": state.hidden}
     return GenerateOutput(tokens=state.tokens, lengths=state.n_generated, stats=stats)
 

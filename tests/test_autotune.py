@@ -3,12 +3,15 @@ No timing is asserted: measured seconds depend on the machine."""
 
 import json
 
+import jax
+import numpy as np
 import pytest
 from flax import nnx
 
 import specjax
 from specjax import autotune
 from specjax.config import TINY
+from specjax.decode import generate
 
 
 @pytest.fixture(scope="module")
@@ -85,12 +88,25 @@ def test_context_beyond_the_model_is_refused(tiny_target):
         autotune.measure_verify_costs(tiny_target, context=TINY.max_seq_len, nodes=(1,))
 
 
-def test_plain_decoding_calls_share_one_program(tiny_target):
-    """The short call is the long one stopped after its first token (that token as EOS), so
-    both run one compiled program; rows must be equal for one token to stop them all."""
+def test_plain_decoding_step_is_generates_token_at_a_fixed_context(tiny_target):
+    """The timed body decodes what generate decodes (its second token, from the same prefill)
+    and puts the context back, so every timed iteration costs the same and no row finishes."""
+    body, params, state = autotune.plain_decoding_step(tiny_target, batch=2, context=16)
     ids = autotune._context_prompts(tiny_target, 2, 16)
-    long, short = autotune.plain_decoding_calls(tiny_target, ids)
-    assert list(long().lengths) == [autotune.AR_TOKENS] * 2
-    assert list(short().lengths) == [1, 1]
-    with pytest.raises(ValueError, match="equal rows"):
-        autotune.plain_decoding_calls(tiny_target, ids + [[0], [1]])
+    reference = np.asarray(generate(tiny_target, ids, max_new_tokens=2).tokens)
+    after = jax.jit(body)(params, state)
+    np.testing.assert_array_equal(np.asarray(state.last), reference[:, 0])
+    np.testing.assert_array_equal(np.asarray(after.last), reference[:, 1])
+    np.testing.assert_array_equal(np.asarray(after.cache.lengths), np.asarray(state.cache.lengths))
+    assert int(after.step) == int(state.step) and not np.asarray(after.done).any()
+
+
+def test_timed_loop_takes_its_fixed_cost_off_and_never_returns_zero(tiny_target):
+    """Every timing is net of the zero-iteration call (dispatch, the copy of the carried state);
+    when noise puts that above a whole call, the call's own average stands in."""
+    body, params, state = autotune.plain_decoding_step(tiny_target, batch=1, context=16)
+    timed = autotune.sized_loop(body, params, state, call_s=0.01)
+    assert timed.n >= 1 and timed.fixed > 0 and timed.single > 0
+    assert timed.per_iteration() > 0
+    timed.fixed = 1e3  # more than any call: the fallback
+    assert 0 < timed.per_iteration() < 1e3 / timed.n
