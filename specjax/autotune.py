@@ -11,12 +11,13 @@ median of a few calls) and stores t(N) in a JSON file keyed by the backend, the 
 model's weights fingerprint, the batch, the context and the dtype. Later calls with the same key
 read the file (default folder: $SPECJAX_CACHE, else ~/.cache/specjax).
 
-`draft_costs` does the same for a drafter, timing its `propose` inside a real speculative state
-at the same context: a static-tree drafter re-runs its model over the whole block at every
+`draft_costs` does the same for a drafter, timing its `propose` in a speculative state at the same
+context: a static-tree drafter re-runs its model over the whole block at every
 depth, so its cost is depth x f(N) with f measured for N in the same grid; a dynamic-tree drafter
 runs one expansion per depth over top-k frontier nodes, so its cost is linear in the depth,
-measured at depth 1 and at the deepest depth for each top-k (in a drafter state prefilled alone:
-no target prefill is compiled for it). It also times one whole step, whose excess over draft +
+measured at depth 1 and at the deepest depth for each top-k. Those states, and the states whole
+steps are timed in, start from zeros standing in for the target's prefill (costs do not depend on
+the values), so no target prefill is compiled for them. It also times one whole step, whose excess over draft +
 verify (the acceptance rule, the commits, the loop) is kept as `overhead`, unless the caller
 times whole candidate steps anyway (`CandidateSteps`, which SpecConfig.auto() uses: its first
 candidate gives the overhead, one compiled step fewer on a first call that is mostly
@@ -387,14 +388,14 @@ def _context_prompts(target, batch: int, context: int) -> np.ndarray:
     return np.broadcast_to(row, (batch, context)).astype(np.int32)
 
 
-def _drafter_state_at(target, drafter, tree, config, *, batch, context):
-    """(drafter state, RootContext, keys) as a speculative state holds them after prefilling
-    `context` filler tokens, for a step drafting `tree`. The target's hidden states handed to the
-    drafter are zeros of the prefill's shapes (costs do not depend on values), so no target
-    forward is compiled: only the drafter's own prefill."""
+def _prefill_stand_in(target, drafter, tree, config, *, batch, context):
+    """(ids, lens, loop, logits, verifier state, hidden): what the verifier's prefill of
+    `context` filler tokens returns, as zeros of its shapes, with every `lengths` field of the
+    verifier state at the prompt lengths, as a prefill leaves them. Costs do not depend on the
+    values, so states to time steps in need no target prefill (compiled and run once per
+    candidate tree and batch: tens of seconds at 32 rows)."""
     from specjax.config import SamplingConfig
-    from specjax.decode import prepare_keys, prepare_prompts
-    from specjax.drafters.base import RootContext
+    from specjax.decode import prepare_prompts
     from specjax.speculative import SpeculativeLoop
     from specjax.verifiers import FullVerifier
 
@@ -403,19 +404,38 @@ def _drafter_state_at(target, drafter, tree, config, *, batch, context):
         extra_slots=tree_reserve(tree.num_nodes, tree.max_depth),
     )  # fmt: skip
     ids, lens = jnp.asarray(ids), jnp.asarray(lens)
-    cache_len = SpeculativeLoop(
+    loop = SpeculativeLoop(
         target, drafter, FullVerifier(), config, SamplingConfig(), COST_NEW_TOKENS
-    ).cache_len(ids.shape[1])
-    hidden_shapes = jax.eval_shape(
-        lambda: FullVerifier().prefill(
-            target, ids, lens, cache_len, feature_layers=drafter.feature_layers,
-            attn_impl=config.attn_impl,
-        )[2]
     )  # fmt: skip
-    hidden = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), hidden_shapes)
+    shapes = jax.eval_shape(
+        lambda: loop.verifier.prefill(
+            target, ids, lens, loop.cache_len(ids.shape[1]),
+            feature_layers=drafter.feature_layers, attn_impl=config.attn_impl,
+        )
+    )  # fmt: skip
+
+    def stand_in(path, leaf):
+        if getattr(path[-1], "name", None) == "lengths":
+            return lens.astype(leaf.dtype)
+        return jnp.zeros(leaf.shape, leaf.dtype)
+
+    logits, vstate, hidden = jax.tree_util.tree_map_with_path(stand_in, shapes)
+    return ids, lens, loop, logits, vstate, hidden
+
+
+def _drafter_state_at(target, drafter, tree, config, *, batch, context):
+    """(drafter state, RootContext, keys) as a speculative state holds them after prefilling
+    `context` filler tokens, for a step drafting `tree` (see _prefill_stand_in: only the
+    drafter's own prefill is compiled)."""
+    from specjax.decode import prepare_keys
+    from specjax.drafters.base import RootContext
+
+    ids, lens, loop, _, _, hidden = _prefill_stand_in(
+        target, drafter, tree, config, batch=batch, context=context
+    )
     init = nnx.jit(
         lambda d, t, ids, lens, hidden: d.init_state(
-            t, ids, lens, cache_len, config=config, target_hidden=hidden
+            t, ids, lens, loop.cache_len(ids.shape[1]), config=config, target_hidden=hidden
         )
     )
     state = init(drafter, target, ids, lens, hidden)
@@ -427,8 +447,8 @@ def _drafter_state_at(target, drafter, tree, config, *, batch, context):
 def _time_propose(target, drafter, tree, *, batch, context, reps, with_step=False):
     """(seconds of drafter.propose, seconds of one whole step or None) for `tree` (drafted and
     verified whole: no pre-verifier), at `context` committed tokens, each timed in a loop of
-    its own. The propose alone needs no target prefill (_drafter_state_at); the whole step
-    runs in a real speculative state."""
+    its own. Neither compiles a target prefill: the verifier's prefill is stood in by zeros
+    (_prefill_stand_in)."""
     from specjax.config import SamplingConfig, SpecConfig
     from specjax.drafters.base import RootContext
 
@@ -455,44 +475,45 @@ def _time_propose(target, drafter, tree, *, batch, context, reps, with_step=Fals
     )
     if not with_step:
         return t_propose, None
-    run = _cost_run(target, drafter, tree, batch=batch, context=context)
-    return t_propose, seconds_per_iteration(*_step_body(run, config), reps=reps)
+    body = _step_body(target, drafter, config, batch=batch, context=context)
+    return t_propose, seconds_per_iteration(*body, reps=reps)
 
 
-def _cost_run(target, drafter, tree, *, batch, context):
-    """A SteppedRun drafting `tree` (no pre-verifier) after `context` filler tokens."""
-    from specjax.config import SamplingConfig, SpecConfig
-    from specjax.speculative import SteppedRun
-
-    return SteppedRun(
-        target, drafter, _context_prompts(target, batch, context),
-        max_new_tokens=COST_NEW_TOKENS, config=SpecConfig(tree=tree, pre_verify=False),
-        sampling=SamplingConfig(), key=jax.random.key(0),
-    )  # fmt: skip
-
-
-def _step_body(run, config):
-    """(body, params, state): one whole step of a SteppedRun as a loop body (a step keeps
-    computing for rows that finished, so its cost stays that of a live step)."""
+def _step_body(target, drafter, config, *, batch, context):
+    """(body, params, state): one whole speculative step drafting config.tree (no
+    pre-verifier) as a loop body, in a state after `context` filler tokens (the verifier's
+    prefill stood in by zeros: _prefill_stand_in). A step keeps computing for rows that
+    finished, so its cost stays that of a live step."""
     from specjax.config import SamplingConfig
+    from specjax.decode import prepare_keys
     from specjax.speculative import SpeculativeLoop
 
-    target_def, target_params, drafter_def, drafter_params, verifier_def, verifier_params = (
-        run._parts
+    ids, lens, loop, logits, vstate, hidden = _prefill_stand_in(
+        target, drafter, config.tree, config, batch=batch, context=context
     )
+    target_def, target_params = nnx.split(target)
+    drafter_def, drafter_params = nnx.split(drafter)
+    verifier_def, verifier_params = nnx.split(loop.verifier)
+    params = (target_params, drafter_params, verifier_params)
 
-    def step(params, state):
-        loop = SpeculativeLoop(
+    def merged(params):
+        return SpeculativeLoop(
             target=nnx.merge(target_def, params[0]),
             drafter=nnx.merge(drafter_def, params[1]),
             verifier=nnx.merge(verifier_def, params[2]),
             config=config,
             sampling=SamplingConfig(),
-            max_new_tokens=run._static["max_new_tokens"],
+            max_new_tokens=COST_NEW_TOKENS,
         )
-        return loop.step(state)
 
-    return step, (target_params, drafter_params, verifier_params), run.state
+    def step(params, state):
+        return merged(params).step(state)
+
+    keys, no_eos = prepare_keys(None, batch), jnp.int32(-1)
+    state = jax.jit(lambda params, *args: merged(params).start(ids, lens, keys, no_eos, *args))(
+        params, logits, vstate, hidden
+    )
+    return step, params, state
 
 
 class CandidateSteps:
@@ -514,8 +535,10 @@ class CandidateSteps:
         from specjax.config import SpecConfig
 
         self.say(f"timing candidate steps: {len(self.loops) + 1}")
-        run = _cost_run(self.target, self.drafter, tree, batch=self.batch, context=self.context)
-        body, params, state = _step_body(run, SpecConfig(tree=tree, pre_verify=False))
+        body, params, state = _step_body(
+            self.target, self.drafter, SpecConfig(tree=tree, pre_verify=False),
+            batch=self.batch, context=self.context,
+        )  # fmt: skip
         self.loops[tree] = sized_loop(body, params, state, self.call_s)
         return self.loops[tree].per_iteration()
 

@@ -147,18 +147,23 @@ class SpeculativeLoop:
 
     def init(self, ids, prompt_lens, keys, eos_id) -> SpecState:
         """Prefill prompts ids [B, T] (prompt_lens [B]) and pick each row's first token."""
+        logits, vstate, hidden = self.verifier.prefill(
+            self.target, ids, prompt_lens, self.cache_len(ids.shape[1]),
+            feature_layers=self.drafter.feature_layers, attn_impl=self.config.attn_impl,
+        )  # fmt: skip
+        return self.start(ids, prompt_lens, keys, eos_id, logits, vstate, hidden)
+
+    def start(self, ids, prompt_lens, keys, eos_id, logits, vstate, hidden) -> SpecState:
+        """The first SpecState from what the verifier's prefill returned: logits [B, V] at each
+        row's last prompt token, its state, and the hidden states {i: [B, T, M]} the drafter
+        reads (the drafter prefills its own state from them)."""
         b, t = ids.shape
         p = self.path_slots
-        layers = self.drafter.feature_layers
-        cache_len = self.cache_len(t)
-        logits, vstate, hidden = self.verifier.prefill(
-            self.target, ids, prompt_lens, cache_len,
-            feature_layers=layers, attn_impl=self.config.attn_impl,
-        )  # fmt: skip
         first = choose_tokens(logits, keys, 0, self.sampling)
         drafter_state = self.drafter.init_state(
-            self.target, ids, prompt_lens, cache_len, config=self.config, target_hidden=hidden
-        )
+            self.target, ids, prompt_lens, self.cache_len(t), config=self.config,
+            target_hidden=hidden,
+        )  # fmt: skip
         state = SpecState(
             tokens=jnp.zeros((b, self.max_new_tokens + p), jnp.int32).at[:, 0].set(first),
             n_generated=jnp.ones((b,), jnp.int32),
