@@ -1,7 +1,12 @@
 """Where a drafter training step's time goes, and what the readouts-at-answer-positions change
-saves: the share of batch positions that are padding, prompt and answer, and the step time with
-the readouts (LM head over the draft vocabulary) at every position against at the scored answer
-positions only (specjax.train.trainer.scored_positions), timed interleaved on the same batches.
+and bfloat16 readouts save: the share of batch positions that are padding, prompt and answer, and
+the step time with the readouts (LM head over the draft vocabulary) at every position, at the
+scored answer positions only (specjax.train.trainer.scored_positions), and at those positions
+with a bfloat16 LM head (products in bfloat16 with float32 accumulation:
+specjax.models.drafter.readout), timed interleaved on the same batches. For the bfloat16
+readouts it also gives the loss difference on the first batch and the training metrics after the
+timed steps of each variant (each variant trains its own copy from the same start on the same
+batches).
 
     python experiments/train_step_time.py                     # SmolLM2 eagle, the cached features
     python experiments/train_step_time.py --kind mdc --levels 6 --steps 20
@@ -66,9 +71,14 @@ def main(argv=None) -> int:
     parts = target_parts(target, net.draft_vocab[...])
     tcfg = TrainConfig(steps=1000, batch=8, levels=args.levels)
     optimizer = make_optimizer(tcfg)
-    graphdef, params, rest = nnx.split(net, nnx.Param, ...)
-    opt = optimizer.init(params)
+    graphdef, params0, rest = nnx.split(net, nnx.Param, ...)
     scale = jnp.float32(feature_scale(data))
+    variants = ("every", "scored", "scored-bf16")
+    # Each variant trains its own copy (train_step donates its params and optimizer state).
+    copies = {v: jax.tree.map(jnp.copy, params0) for v in variants}
+    opts = {v: optimizer.init(copies[v]) for v in variants}
+    parts_of = {v: parts for v in variants}
+    parts_of["scored-bf16"] = parts.replace(head_u=parts.head_u.astype(jnp.bfloat16))
 
     # Share of positions: the batches training sees (1000 of them).
     stream = batches(data, tcfg.batch, 0)
@@ -88,25 +98,27 @@ def main(argv=None) -> int:
         if b["tokens"].shape[1] == width:
             chosen.append(b)
 
-    def run(batch, scored: bool):
-        nonlocal params, opt
-        if not scored:
+    def run(batch, variant: str):
+        if variant == "every":
             batch = {k: v for k, v in batch.items() if not k.startswith("scored")}
         t0 = time.perf_counter()
-        params, opt, m = train_step(
-            graphdef, params, rest, opt, parts, batch, scale, jax.random.key(0),
-            optimizer=optimizer, cfg=tcfg,
+        copies[variant], opts[variant], m = train_step(
+            graphdef, copies[variant], rest, opts[variant], parts_of[variant], batch, scale,
+            jax.random.key(0), optimizer=optimizer, cfg=tcfg,
         )  # fmt: skip
         jax.block_until_ready(m)
-        return time.perf_counter() - t0
+        return time.perf_counter() - t0, {k: float(x) for k, x in m.items()}
 
-    for scored in (False, True):  # compile both
-        run(chosen[0], scored)
-    times = {False: [], True: []}
+    # The first step of each variant compiles; its loss is the same batch from the same start.
+    first = {v: run(chosen[0], v)[1] for v in variants}
+    times, last = {v: [] for v in variants}, {}
     for batch in chosen:
-        for scored in (False, True):
-            times[scored].append(run(batch, scored))
-    every, picked = np.median(times[False]), np.median(times[True])
+        for v in variants:
+            seconds, last[v] = run(batch, v)
+            times[v].append(seconds)
+    med = {v: float(np.median(times[v])) for v in variants}
+    every, picked, bf16 = med["every"], med["scored"], med["scored-bf16"]
+    loss_gap = abs(first["scored-bf16"]["loss"] - first["scored"]["loss"]) / first["scored"]["loss"]
     lines = [
         "# Drafter training step: where the positions go, and readouts at answer positions",
         "",
@@ -128,6 +140,13 @@ def main(argv=None) -> int:
         "|---|---|---|",
         f"| every position | {every * 1e3:.0f} | 1.00 |",
         f"| answer positions only (scored_positions) | {picked * 1e3:.0f} | {picked / every:.2f} |",
+        f"| answer positions, bfloat16 products | {bf16 * 1e3:.0f} | {bf16 / every:.2f} |",
+        "",
+        f"bfloat16 readouts: first-step loss {first['scored-bf16']['loss']:.4f} against "
+        f"{first['scored']['loss']:.4f} in float32 (relative difference {loss_gap:.1e}); after "
+        f"{args.steps + 1} steps each: loss {last['scored-bf16']['loss']:.4f} against "
+        f"{last['scored']['loss']:.4f}, level-0 agreement {last['scored-bf16']['acc0']:.3f} "
+        f"against {last['scored']['acc0']:.3f}.",
     ]
     Path(args.out).write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -124,6 +124,14 @@ class TargetParts:
     head_u: jax.Array
 
 
+def readout(x: jax.Array, parts: TargetParts, eps: float) -> jax.Array:
+    """The target's final norm and LM head over the draft vocabulary: [..., M] -> [..., U]
+    float32. The product runs in parts.head_u's dtype with float32 accumulation (a bfloat16
+    head_u multiplies in bfloat16: experiments/train_step_time.py measures it in training)."""
+    normed = rms_norm(x, parts.final_norm, eps).astype(parts.head_u.dtype)
+    return jnp.matmul(normed, parts.head_u, preferred_element_type=jnp.float32)
+
+
 def target_parts(target, draft_vocab: jax.Array) -> TargetParts:
     """TargetParts of a specjax Llama for a draft vocabulary draft_vocab [U] (target ids)."""
     embed = target.embed[...]
@@ -280,7 +288,7 @@ class DrafterNet(nnx.Module):
                 "w_down": self.readout_down[...],
             }
             x = x + swiglu(mlp, rms_norm(x, self.readout_norm[...], eps))
-        return (rms_norm(x, parts.final_norm, eps) @ parts.head_u).astype(jnp.float32)
+        return readout(x, parts, eps)
 
     # -- the decoder layer ---------------------------------------------------------------------
 

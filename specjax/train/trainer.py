@@ -31,8 +31,13 @@ import optax
 from flax import nnx
 from tqdm.auto import tqdm
 
-from specjax.models.drafter import DrafterNet, TargetParts, shift_right, unrolled_outputs
-from specjax.models.layers import rms_norm
+from specjax.models.drafter import (
+    DrafterNet,
+    TargetParts,
+    readout,
+    shift_right,
+    unrolled_outputs,
+)
 from specjax.sharding import check_batch, check_mesh, place_rows, replicate
 from specjax.train.data import Dataset
 
@@ -98,7 +103,7 @@ def drafter_loss(
 
         pos = jnp.arange(t)[None, :]
         answer = answer_positions(batch["prompt_lens"], batch["lengths"], t)
-    target_logits = rms_norm(pick(feats), parts.final_norm, eps) @ parts.head_u  # [..., U]
+    target_logits = readout(pick(feats), parts, eps)  # [..., U]
     target_p = jax.nn.softmax(target_logits, axis=-1)
     target_top = jnp.argmax(target_logits, axis=-1)
     emb = jnp.take(parts.embed, tokens, axis=0)
