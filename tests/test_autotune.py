@@ -110,3 +110,28 @@ def test_timed_loop_takes_its_fixed_cost_off_and_never_returns_zero(tiny_target)
     assert timed.per_iteration() > 0
     timed.fixed = 1e3  # more than any call: the fallback
     assert 0 < timed.per_iteration() < 1e3 / timed.n
+
+
+def test_step_timing_state_stands_in_for_a_real_prefill(tiny_target):
+    """Whole steps are timed in a state built from zeros instead of a target prefill: it must be
+    the real state's structure, shapes and dtypes (else another program would be timed), with
+    the committed lengths a prefill leaves, and a step must run in it."""
+    from specjax.config import SamplingConfig, SpecConfig, TreeConfig
+    from specjax.drafters import LMDrafter
+    from specjax.speculative import SteppedRun
+
+    drafter = LMDrafter.self_draft(1)
+    config = SpecConfig(tree=TreeConfig(branching=(2, 1)), pre_verify=False)
+    body, params, state = autotune._step_body(tiny_target, drafter, config, batch=2, context=16)
+    real = SteppedRun(
+        tiny_target, drafter, autotune._context_prompts(tiny_target, 2, 16),
+        max_new_tokens=autotune.COST_NEW_TOKENS, config=config, sampling=SamplingConfig(),
+    ).state  # fmt: skip
+    shapes = jax.tree.map(lambda x: (x.shape, x.dtype), state)
+    assert jax.tree.structure(state) == jax.tree.structure(real)
+    assert shapes == jax.tree.map(lambda x: (x.shape, x.dtype), real)
+    np.testing.assert_array_equal(
+        np.asarray(state.verifier_state.lengths), np.asarray(real.verifier_state.lengths)
+    )
+    after = jax.jit(body)(params, state)
+    assert jax.tree.structure(after) == jax.tree.structure(state)
