@@ -185,7 +185,8 @@ def measure_verify_costs(
 def plain_decoding_step(target, *, batch: int, context: int):
     """(body, params, state): one token of specjax.generate's loop (decode.decode_step: the
     target over one token per row, greedy choice, bookkeeping) as a loop body, in the state
-    generate holds after prefilling `context` filler tokens in `batch` rows. The body puts the
+    generate holds after prefilling `context` filler tokens in `batch` rows (stood in by zeros
+    with the rows' lengths, as the speculative steps' states are: _stand_in). The body puts the
     cache lengths, step and done flags back, so every iteration decodes at the same context and
     no row finishes. Timed in a jitted loop (seconds_per_iteration), this is plain decoding's
     cost per token without its prefill, which at large batches costs more than the tokens timed
@@ -200,7 +201,6 @@ def plain_decoding_step(target, *, batch: int, context: int):
                    record_hidden=False)  # fmt: skip
     never = jnp.int32(-1)  # no token is the EOS: rows stay live
 
-    @jax.jit
     def start(params, ids, lens):
         return start_decoding(nnx.merge(graphdef, params), ids, lens, keys, never, **options)[0]
 
@@ -209,7 +209,22 @@ def plain_decoding_step(target, *, batch: int, context: int):
         back = new.cache.replace(lengths=s.cache.lengths)
         return new.replace(step=s.step, done=s.done, cache=back)
 
-    return body, params, start(params, jnp.asarray(ids), jnp.asarray(lens))
+    ids, lens = jnp.asarray(ids), jnp.asarray(lens)
+    state = _stand_in(jax.eval_shape(start, params, ids, lens), lens)
+    return body, params, state.replace(step=jnp.int32(1), rows=jnp.arange(batch, dtype=jnp.int32))
+
+
+def _stand_in(shapes, lens):
+    """Zeros of the shapes (a pytree of ShapeDtypeStructs) with every `lengths` field at lens
+    [B]: a prefill's outputs as far as costs go (they do not depend on the values, and on a
+    compiled kernel they may depend on how much of the cache is filled)."""
+
+    def one(path, leaf):
+        if getattr(path[-1], "name", None) == "lengths":
+            return lens.astype(leaf.dtype)
+        return jnp.zeros(leaf.shape, leaf.dtype)
+
+    return jax.tree_util.tree_map_with_path(one, shapes)
 
 
 def measure_ar_token(target, *, batch, context, reps) -> float:
@@ -416,13 +431,7 @@ def _prefill_stand_in(target, drafter, tree, config, *, batch, context):
             feature_layers=drafter.feature_layers, attn_impl=config.attn_impl,
         )
     )  # fmt: skip
-
-    def stand_in(path, leaf):
-        if getattr(path[-1], "name", None) == "lengths":
-            return lens.astype(leaf.dtype)
-        return jnp.zeros(leaf.shape, leaf.dtype)
-
-    logits, vstate, hidden = jax.tree_util.tree_map_with_path(stand_in, shapes)
+    logits, vstate, hidden = _stand_in(shapes, lens)
     return ids, lens, loop, logits, vstate, hidden
 
 

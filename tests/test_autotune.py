@@ -11,7 +11,6 @@ from flax import nnx
 import specjax
 from specjax import autotune
 from specjax.config import TINY
-from specjax.decode import generate
 
 
 @pytest.fixture(scope="module")
@@ -88,16 +87,31 @@ def test_context_beyond_the_model_is_refused(tiny_target):
         autotune.measure_verify_costs(tiny_target, context=TINY.max_seq_len, nodes=(1,))
 
 
-def test_plain_decoding_step_is_generates_token_at_a_fixed_context(tiny_target):
-    """The timed body decodes what generate decodes (its second token, from the same prefill)
-    and puts the context back, so every timed iteration costs the same and no row finishes."""
+def test_plain_decoding_step_is_generates_state_at_a_fixed_context(tiny_target):
+    """The timed body runs in a stand-in for generate's state after its prefill (its structure,
+    shapes, dtypes and committed lengths, every row live) and puts the context back, so every
+    timed iteration costs the same and no row finishes."""
+    from specjax.config import SamplingConfig
+    from specjax.decode import prepare_keys, prepare_prompts, start_decoding
+
     body, params, state = autotune.plain_decoding_step(tiny_target, batch=2, context=16)
-    ids = autotune._context_prompts(tiny_target, 2, 16)
-    reference = np.asarray(generate(tiny_target, ids, max_new_tokens=2).tokens)
+    ids, lens = prepare_prompts(
+        autotune._context_prompts(tiny_target, 2, 16), TINY, autotune.AR_TOKENS
+    )
+    real, _ = start_decoding(
+        tiny_target, jax.numpy.asarray(ids), jax.numpy.asarray(lens), prepare_keys(None, 2),
+        jax.numpy.int32(-1), max_new_tokens=autotune.AR_TOKENS, sampling=SamplingConfig(),
+        attn_impl="auto", record_hidden=False,
+    )  # fmt: skip
+    assert jax.tree.structure(state) == jax.tree.structure(real)
+    assert jax.tree.map(lambda x: (x.shape, x.dtype), state) == jax.tree.map(
+        lambda x: (x.shape, x.dtype), real
+    )
+    for name in ("step", "rows", "done"):
+        np.testing.assert_array_equal(np.asarray(getattr(state, name)), getattr(real, name))
+    np.testing.assert_array_equal(np.asarray(state.cache.lengths), np.asarray(lens))
     after = jax.jit(body)(params, state)
-    np.testing.assert_array_equal(np.asarray(state.last), reference[:, 0])
-    np.testing.assert_array_equal(np.asarray(after.last), reference[:, 1])
-    np.testing.assert_array_equal(np.asarray(after.cache.lengths), np.asarray(state.cache.lengths))
+    np.testing.assert_array_equal(np.asarray(after.cache.lengths), np.asarray(lens))
     assert int(after.step) == int(state.step) and not np.asarray(after.done).any()
 
 
