@@ -31,7 +31,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from flax import nnx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from train_exit_heads import ANSWER_SETS, answer_rows, mt_bench_rows, spread  # noqa: E402
@@ -46,22 +45,18 @@ def collect_sequences(target, rows, starts, layers, batch=8):
     """Per sequence: {layer: [T, M] float16 stream entering it, and the last layer's output
     (the teacher) under L}, the target's next token [T] (argmax of the last layer) and the
     counted range [start, T)."""
-    from specjax.cache import init_cache
-    from specjax.tree import causal_mask
+    from specjax.models.layers import rms_norm
+    from specjax.train.exit_heads import teacher_forced
 
     cfg = target.config
-    graphdef, params = nnx.split(target)
-    wanted = (*layers, cfg.n_layers)
+    last = cfg.n_layers
+    stream, params = teacher_forced(target, (*layers, last))
+    head = (target.embed[...].T if cfg.tie_embeddings else target.lm_head[...]).astype(jnp.float32)
 
-    @jax.jit
     def forward(params, ids):
-        model = nnx.merge(graphdef, params)
-        b, t = ids.shape
-        out = model(ids, positions=jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t)),
-                    cache=init_cache(cfg, b, t), tree_mask=causal_mask(b, t),
-                    return_hidden=wanted, compute_logits=False)  # fmt: skip
-        nxt = jnp.argmax(model.head(out.hidden[cfg.n_layers]), axis=-1).astype(jnp.int32)
-        return {i: out.hidden[i].astype(jnp.float16) for i in wanted}, nxt
+        hidden = stream(params, ids)
+        normed = rms_norm(hidden[last].astype(jnp.float32), target.final_norm[...], cfg.norm_eps)
+        return hidden, jnp.argmax(normed @ head, axis=-1).astype(jnp.int32)
 
     seqs = []
     rows = [r[:MAX_LEN] for r in rows]

@@ -71,6 +71,29 @@ def _full_argmax(final_norm, head, teacher, eps):
     return jnp.argmax(h @ head, axis=-1).astype(jnp.int32)
 
 
+def teacher_forced(target, wanted: Sequence[int]):
+    """(forward, params): forward(params, ids [B, T]) -> {i: [B, T, M] float16} the residual
+    stream entering each layer i in `wanted` (L: the last layer's output before the final norm)
+    of a causal pass over the block, jitted (one program per shape)."""
+    cfg = target.config
+    graphdef, params = nnx.split(target)
+
+    @jax.jit
+    def forward(params, ids):
+        b, t = ids.shape
+        out = nnx.merge(graphdef, params)(
+            ids,
+            positions=jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t)),
+            cache=init_cache(cfg, b, t),
+            tree_mask=causal_mask(b, t),
+            return_hidden=tuple(wanted),
+            compute_logits=False,
+        )
+        return {i: out.hidden[i].astype(jnp.float16) for i in wanted}
+
+    return forward, params
+
+
 def collect(
     target,
     rows: Sequence[Sequence[int]],
@@ -88,22 +111,8 @@ def collect(
     layers = tuple(sorted(set(int(x) for x in layers)))
     if not layers or layers[0] < 1 or layers[-1] >= cfg.n_layers:
         raise ValueError(f"exit layers must lie in [1, {cfg.n_layers - 1}], got {layers}")
-    graphdef, params = nnx.split(target)
     wanted = (*layers, cfg.n_layers)
-
-    @jax.jit
-    def forward(params, ids):
-        model = nnx.merge(graphdef, params)
-        b, t = ids.shape
-        out = model(
-            ids,
-            positions=jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t)),
-            cache=init_cache(cfg, b, t),
-            tree_mask=causal_mask(b, t),
-            return_hidden=wanted,
-            compute_logits=False,
-        )
-        return {i: out.hidden[i].astype(jnp.float16) for i in wanted}
+    forward, params = teacher_forced(target, wanted)
 
     head = (target.embed[...].T if cfg.tie_embeddings else target.lm_head[...]).astype(jnp.float32)
     hidden: dict = {i: [] for i in wanted}
