@@ -45,18 +45,17 @@ def collect_sequences(target, rows, starts, layers, batch=8):
     """Per sequence: {layer: [T, M] float16 stream entering it, and the last layer's output
     (the teacher) under L}, the target's next token [T] (argmax of the last layer) and the
     counted range [start, T)."""
-    from specjax.models.layers import rms_norm
     from specjax.train.exit_heads import teacher_forced
 
-    cfg = target.config
-    last = cfg.n_layers
-    stream, params = teacher_forced(target, (*layers, last))
-    head = (target.embed[...].T if cfg.tie_embeddings else target.lm_head[...]).astype(jnp.float32)
+    last = target.config.n_layers
+    stream, params = teacher_forced(target, (*layers, last), dtype=jnp.float32)
 
     def forward(params, ids):
+        # The target's next token from the float32 last-layer stream, before storing float16
+        # (the head runs outside the jitted pass: inside, the weights would be constants).
         hidden = stream(params, ids)
-        normed = rms_norm(hidden[last].astype(jnp.float32), target.final_norm[...], cfg.norm_eps)
-        return hidden, jnp.argmax(normed @ head, axis=-1).astype(jnp.int32)
+        nxt = jnp.argmax(target.head(hidden[last]), axis=-1).astype(jnp.int32)
+        return {i: h.astype(jnp.float16) for i, h in hidden.items()}, nxt
 
     seqs = []
     rows = [r[:MAX_LEN] for r in rows]

@@ -71,8 +71,8 @@ def _full_argmax(final_norm, head, teacher, eps):
     return jnp.argmax(h @ head, axis=-1).astype(jnp.int32)
 
 
-def teacher_forced(target, wanted: Sequence[int]):
-    """(forward, params): forward(params, ids [B, T]) -> {i: [B, T, M] float16} the residual
+def teacher_forced(target, wanted: Sequence[int], dtype=jnp.float16):
+    """(forward, params): forward(params, ids [B, T]) -> {i: [B, T, M] `dtype`} the residual
     stream entering each layer i in `wanted` (L: the last layer's output before the final norm)
     of a causal pass over the block, jitted (one program per shape)."""
     cfg = target.config
@@ -89,7 +89,7 @@ def teacher_forced(target, wanted: Sequence[int]):
             return_hidden=tuple(wanted),
             compute_logits=False,
         )
-        return {i: out.hidden[i].astype(jnp.float16) for i in wanted}
+        return {i: out.hidden[i].astype(dtype) for i in wanted}
 
     return forward, params
 
