@@ -49,7 +49,8 @@ from specjax.tree import causal_mask
 
 DEFAULT_NODES = (1, 2, 4, 8, 16, 32, 64)
 DEFAULT_CONTEXT = 256  # committed positions before the measured block
-FORMAT_VERSION = 5  # 3: no pre-verifier in costs; 4: overhead may be unknown; 5: AR step loop
+FORMAT_VERSION = 6  # 3: no pre-verifier in costs; 4: overhead may be unknown; 5: AR step loop;
+# 6: candidate steps as paired ratios to plain decoding
 AR_TOKENS = 33  # decoding room of the plain-decoding state timed (generate's for 33 tokens)
 STATIC_DRAFT_NODES = (2, 4, 8, 16, 32, 64)
 COST_NEW_TOKENS = 4  # max_new_tokens of the speculative states steps are timed in
@@ -555,8 +556,8 @@ class CandidateSteps:
         return self.loops[tree].per_iteration()
 
     def measure(self, rounds: int = 3) -> tuple[float, dict]:
-        """(seconds per autoregressive token, {tree: seconds per step}): medians of `rounds`
-        interleaved rounds."""
+        """(seconds per autoregressive token, {tree: seconds per step}) from `rounds`
+        interleaved rounds (see paired_medians)."""
         body, params, state = plain_decoding_step(
             self.target, batch=self.batch, context=self.context
         )
@@ -567,7 +568,22 @@ class CandidateSteps:
             ar_times.append(plain.per_iteration())
             for tree, times in step_times.items():
                 times.append(self.loops[tree].per_iteration())
-        return float(np.median(ar_times)), {t: float(np.median(x)) for t, x in step_times.items()}
+        return paired_medians(ar_times, step_times)
+
+
+def paired_medians(ar_times: Sequence[float], step_times: dict) -> tuple[float, dict]:
+    """(median seconds per autoregressive token, {tree: seconds per step}) from rounds in which
+    plain decoding and every step were timed one after another. A step's seconds are its median
+    ratio to plain decoding within a round, times plain decoding's median: what decides the
+    choice is that ratio, and a round slowed by another process (or a CPU's clock) slows both
+    sides of it, where medians taken apart can pair a slow round of one with a fast one of the
+    other."""
+    ar = float(np.median(ar_times))
+    ratios = {
+        tree: float(np.median([s / a for s, a in zip(times, ar_times, strict=True)]))
+        for tree, times in step_times.items()
+    }
+    return ar, {tree: ratio * ar for tree, ratio in ratios.items()}
 
 
 def measure_draft_costs(

@@ -126,6 +126,15 @@ def test_timed_loop_takes_its_fixed_cost_off_and_never_returns_zero(tiny_target)
     assert 0 < timed.per_iteration() < 1e3 / timed.n
 
 
+def test_candidate_steps_are_compared_within_rounds():
+    """A step's cost is its ratio to plain decoding in the same round: a round where another
+    process slowed both sides (round 2) and one where it slowed the step alone (round 3) leave
+    the ratio of 1.5 standing. Medians taken apart would give 300 / 105 = 2.9."""
+    ar, steps = autotune.paired_medians([0.100, 0.200, 0.105], {"tree": [0.150, 0.300, 0.330]})
+    assert ar == pytest.approx(0.105)
+    assert steps["tree"] / ar == pytest.approx(1.5)
+
+
 def test_step_timing_state_stands_in_for_a_real_prefill(tiny_target):
     """Whole steps are timed in a state built from zeros instead of a target prefill: it must be
     the real state's structure, shapes and dtypes (else another program would be timed), with
