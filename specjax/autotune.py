@@ -61,22 +61,26 @@ class VerifyCosts:
     """t(N): seconds of one target forward over N tree nodes, measured at `nodes`.
 
     key: what the measurement is valid for (see cost_key); nodes ascending; seconds per entry.
+    requested: the node counts asked for (nodes is a prefix of them when the grid stopped early:
+    see measure_verify_costs); stop_ratio: the stop rule it was measured with (0: none).
     """
 
     key: str
     nodes: tuple[int, ...]
     seconds: tuple[float, ...]
     ar_token: float = 0.0  # seconds per token of specjax.generate at this context (0: unknown)
+    requested: tuple[int, ...] = ()
+    stop_ratio: float = 0.0
 
     def t_verify(self, n: int) -> float:
         """Seconds for n nodes: measured points, linear in between, linear extrapolation from the
-        last two points beyond them."""
+        last two points beyond them (never falling: noise can put t(2) under t(1))."""
         if n < 1:
             raise ValueError(f"a tree has at least one node, got {n}")
         xs, ys = np.asarray(self.nodes, float), np.asarray(self.seconds, float)
         if n <= xs[-1] or len(xs) == 1:
             return float(np.interp(n, xs, ys))
-        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+        slope = max((ys[-1] - ys[-2]) / (xs[-1] - xs[-2]), 0.0)
         return float(ys[-1] + slope * (n - xs[-1]))
 
     def relative(self, n: int) -> float:
@@ -100,6 +104,8 @@ class VerifyCosts:
             nodes=tuple(data["nodes"]),
             seconds=tuple(data["seconds"]),
             ar_token=float(data.get("ar_token", 0.0)),
+            requested=tuple(data.get("requested") or data["nodes"]),
+            stop_ratio=float(data.get("stop_ratio", 0.0)),
         )
 
 
@@ -139,12 +145,16 @@ def measure_verify_costs(
     nodes: Sequence[int] = DEFAULT_NODES,
     reps: int = 5,
     with_ar: bool = True,
+    stop_ratio: float = 0.0,
     progress: Callable[[str], None] | None = None,
 ) -> VerifyCosts:
     """Time the target over blocks of N nodes (for N in `nodes`) at `context` committed
     positions, batch rows each. The block is a chain (a causal mask): the cost of a tree of N
     nodes is the same, only the mask differs. with_ar: also time plain decoding (ar_token; else
-    0, unknown)."""
+    0, unknown). stop_ratio > 0: the grid stops after the first N with t(N) >= stop_ratio x
+    t(1) (the larger counts are not measured; t_verify extrapolates past the last point):
+    SpecConfig.auto() passes twice the best tau any candidate tree can reach, so no tree that
+    large could beat plain decoding (at 32 rows, t(64) alone took ~17 s on a 2-core CPU)."""
     nodes = tuple(sorted(set(int(n) for n in nodes)))
     if not nodes or nodes[0] < 1:
         raise ValueError(f"nodes must be positive ints, got {nodes}")
@@ -174,13 +184,21 @@ def measure_verify_costs(
         body = functools.partial(forward, n=n)
         init = (cache, jnp.ones((batch,), jnp.int32))
         seconds.append(seconds_per_iteration(body, params, init, reps=reps))
+        if stop_ratio > 0 and i > 0 and seconds[-1] >= stop_ratio * seconds[0]:
+            if progress is not None and i + 1 < len(nodes):
+                progress(
+                    f"target cost at {n} nodes is {seconds[-1] / seconds[0]:.1f}x one node's: "
+                    "no larger tree can pay, the grid stops here"
+                )
+            break
     key = cost_key(target, batch=batch, context=context)
     ar = 0.0
     if with_ar:
         if progress is not None:
             progress("measuring autoregressive decoding")
         ar = measure_ar_token(target, batch=batch, context=context, reps=reps)
-    return VerifyCosts(key=key, nodes=nodes, seconds=tuple(seconds), ar_token=ar)
+    return VerifyCosts(key=key, nodes=nodes[: len(seconds)], seconds=tuple(seconds), ar_token=ar,
+                       requested=nodes, stop_ratio=float(stop_ratio))  # fmt: skip
 
 
 def plain_decoding_step(target, *, batch: int, context: int):
@@ -301,14 +319,16 @@ def verify_costs(
     nodes: Sequence[int] = DEFAULT_NODES,
     reps: int = 5,
     with_ar: bool = True,
+    stop_ratio: float = 0.0,
     folder: str | Path | None = None,
     refresh: bool = False,
     progress: Callable[[str], None] | None = _print_progress,
 ) -> VerifyCosts:
     """t(N) for this target on this backend: read from the cache folder when measured before
-    with the same key and nodes, else measured (with a progress line) and written there.
-    with_ar: the cost per token of plain decoding is wanted too (SpecConfig.auto() skips it when
-    it times candidate steps, which measure plain decoding alongside)."""
+    with the same key, nodes and stop rule, else measured (with a progress line) and written
+    there. with_ar: the cost per token of plain decoding is wanted too (SpecConfig.auto() skips
+    it when it times candidate steps, which measure plain decoding alongside); stop_ratio: see
+    measure_verify_costs."""
     folder = Path(folder) if folder is not None else cache_dir()
     key = cost_key(target, batch=batch, context=context)
     path = _cache_file(key, folder)
@@ -318,11 +338,16 @@ def verify_costs(
             costs = VerifyCosts.from_json(json.loads(path.read_text()))
         except (ValueError, KeyError, TypeError):
             costs = None  # an unreadable file is measured again and rewritten
-        if costs is not None and costs.key == key and costs.nodes == wanted:
-            if costs.ar_token > 0 or not with_ar:
-                return costs
+        if (
+            costs is not None
+            and costs.key == key
+            and (costs.requested, costs.stop_ratio) == (wanted, float(stop_ratio))
+            and (costs.ar_token > 0 or not with_ar)
+        ):
+            return costs
     costs = measure_verify_costs(target, batch=batch, context=context, nodes=wanted, reps=reps,
-                                 with_ar=with_ar, progress=progress)  # fmt: skip
+                                 with_ar=with_ar, stop_ratio=stop_ratio,
+                                 progress=progress)  # fmt: skip
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(costs.to_json(), indent=2) + "\n")
     return costs

@@ -122,6 +122,11 @@ def candidate_trees(profile: AcceptanceProfile, max_nodes: int) -> Iterator[Tree
                 yield tree
 
 
+def best_tau(profiles: Sequence[AcceptanceProfile], max_nodes: int) -> float:
+    """The highest predicted tau of any candidate tree with at most max_nodes nodes."""
+    return max(p.predict_tau(t) for p in profiles for t in candidate_trees(p, max_nodes))
+
+
 def rank(
     profiles: Sequence[AcceptanceProfile],
     verify: VerifyCosts,
@@ -353,8 +358,13 @@ def resolve_auto(
     max_nodes = max(2, min(auto.max_nodes, auto.max_batch_nodes // batch))
     grid = sorted({n for n in (1, 2, 4, 8, 16, 32, 64) if n < max_nodes} | {max_nodes})
     # Timed candidates measure plain decoding alongside their steps: no separate AR timing then.
+    # The grid stops where a forward costs twice the best tau any candidate can reach in
+    # one-node forwards: a tree that large cannot beat plain decoding (the factor leaves room
+    # for plain decoding's own step costing more than a one-node forward).
     verify = verify_costs(target, batch=batch, context=context, nodes=grid,
-                          with_ar=auto.timed_candidates == 0, progress=progress)  # fmt: skip
+                          with_ar=auto.timed_candidates == 0,
+                          stop_ratio=2.0 * best_tau(profiles, max_nodes),
+                          progress=progress)  # fmt: skip
     if drafter.dynamic_trees:
         extra = {"topks": tuple(sorted({p.topk for p in profiles}))}
     else:

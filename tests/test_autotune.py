@@ -75,6 +75,25 @@ def test_plain_decoding_is_timed_only_when_wanted(tiny_target, tmp_path):
     assert autotune.verify_costs(tiny_target, with_ar=False, **kw) == with_ar and not lines
 
 
+def test_grid_stops_where_no_larger_tree_can_pay(tiny_target, tmp_path):
+    """With a stop ratio the grid ends at the first N whose forward costs that many one-node
+    forwards: here (a ratio no forward is under) right after N=2. The file keeps the grid asked
+    for, so the same request reads it back and another stop rule measures anew."""
+    lines = []
+    kw = dict(context=16, nodes=(1, 2, 4, 8), reps=1, folder=tmp_path, with_ar=False)
+    stopped = autotune.verify_costs(tiny_target, stop_ratio=1e-9, progress=lines.append, **kw)
+    assert stopped.nodes == (1, 2) and stopped.requested == (1, 2, 4, 8)
+    assert "grid stops here" in lines[-1] and not any("4 node(s)" in x for x in lines)
+    assert stopped.t_verify(8) >= stopped.t_verify(2)  # extrapolated past the last point
+    lines.clear()
+    assert autotune.verify_costs(tiny_target, stop_ratio=1e-9, progress=lines.append, **kw) == (
+        stopped
+    )
+    assert not lines
+    whole = autotune.verify_costs(tiny_target, progress=lines.append, **kw)
+    assert whole.nodes == (1, 2, 4, 8) and len(lines) == 4
+
+
 def test_key_follows_the_weights(tiny_target):
     other = specjax.Llama(TINY, rngs=nnx.Rngs(1))
     assert autotune.cost_key(tiny_target, batch=1, context=16) != autotune.cost_key(

@@ -218,7 +218,7 @@ def test_default_call_reads_kept_costs_and_profiles(tmp_path, monkeypatch):
 
     from specjax import autotune
     from specjax.acceptance import write_profiles
-    from specjax.choice import cost_context, pair_profile_file
+    from specjax.choice import best_tau, cost_context, pair_profile_file
 
     monkeypatch.setenv("SPECJAX_CACHE", str(tmp_path))
     target = specjax.Llama(TINY, rngs=nnx.Rngs(0))
@@ -226,8 +226,11 @@ def test_default_call_reads_kept_costs_and_profiles(tmp_path, monkeypatch):
     auto = AutoSpecConfig(max_nodes=4, verbose=False, timed_candidates=0)
     context = cost_context(target, auto)
     write_profiles(pair_profile_file(target, drafter, "greedy"), [static_profile()])
+    # The grid the call asks for, with the stop rule it passes (twice the best tau).
     verify = VerifyCosts(key=autotune.cost_key(target, batch=2, context=context),
-                         nodes=(1, 2, 4), seconds=(1.0, 1.0, 1.0), ar_token=1.0)  # fmt: skip
+                         nodes=(1, 2, 4), seconds=(1.0, 1.0, 1.0), ar_token=1.0,
+                         requested=(1, 2, 4),
+                         stop_ratio=2 * best_tau([static_profile()], 4))  # fmt: skip
     draft = DraftCosts(
         key=autotune.drafter_key(target, drafter, batch=2, context=context),
         kind="static", nodes=(2, 4), per_depth=(0.01, 0.01), overhead=0.0,
