@@ -66,7 +66,8 @@ def main(argv=None) -> int:
     loaded = specjax.load(shared_path(SMOLLM2))
     eos = loaded.tokenizer.eos_id
     paths = args.drafter or [repo_dir() / p for p in (SMOLLM2_MDC, SMOLLM2_EAGLE)]
-    drafters = {Path(p).name: load_drafter(p, loaded.model) for p in paths}
+    # No pre-verifier: tau at the full tree is what the drafters are compared on.
+    drafters = {Path(p).name: load_drafter(p, loaded.model, pre_verifier=False) for p in paths}
     rows, per_prompt = [], {}
     for set_name in args.sets:
         questions = select_questions(read_spec_bench(SPEC_BENCH_FILES[set_name]), args.n)
