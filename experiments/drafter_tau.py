@@ -30,17 +30,9 @@ import numpy as np
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def interval(x: np.ndarray) -> float:
-    """Half-width of the 95% interval of the mean of x (specjax.benchmark.mean_ci, as the other
-    experiments report)."""
-    from specjax.benchmark import mean_ci
-
-    return mean_ci(x)[1]
-
-
 def main(argv=None) -> int:
     import specjax
-    from specjax.benchmark import device_header
+    from specjax.benchmark import device_header, mean_ci
     from specjax.datasets import (
         SPEC_BENCH_FILES,
         encode_question,
@@ -110,7 +102,7 @@ def main(argv=None) -> int:
             calls = f"{stats['chain_calls'] / stats['target_calls']:.2f}"
         lines.append(
             f"| {set_name} | {temperature:g} | {name} | {n} | {taus.mean():.3f} ± "
-            f"{interval(taus):.3f} | {reused} | {calls} |"
+            f"{mean_ci(taus)[1]:.3f} | {reused} | {calls} |"
         )
     if len(args.sets) > 1:
         lines += ["", "All sets together (every prompt weighs the same):", ""]
@@ -119,7 +111,7 @@ def main(argv=None) -> int:
                 x = np.concatenate([per_prompt[(s, temperature, name)] for s in args.sets])
                 lines.append(
                     f"- {'+'.join(args.sets)} T={temperature:g} {name}: {x.mean():.3f} ± "
-                    f"{interval(x):.3f} ({len(x)} prompts)"
+                    f"{mean_ci(x)[1]:.3f} ({len(x)} prompts)"
                 )
     names = list(drafters)
     if len(names) == 2:
@@ -132,7 +124,8 @@ def main(argv=None) -> int:
         for set_name in args.sets:
             for temperature in args.temperatures:
                 d = per_prompt[(set_name, temperature, a)] - per_prompt[(set_name, temperature, b)]
-                lines.append(f"- {set_name} T={temperature:g}: {d.mean():+.3f} ± {interval(d):.3f}")
+                half = mean_ci(d)[1]
+                lines.append(f"- {set_name} T={temperature:g}: {d.mean():+.3f} ± {half:.3f}")
     lines += [
         "",
         "tau: tokens emitted per target call (accepted + 1), per prompt, then averaged. reused "
