@@ -1,16 +1,16 @@
-"""HiSpec's intermediate verification over draft trees, measured: each trained drafter with the
-full target verifying every node, and with the trained verify exit (checkpoints/<target>-hispec)
-screening the tree so that the layers above the exit run on the exit's path only. Same harness
-as experiments/bench.py (interleaved repetitions in one process, specjax autoregressive decoding
-as the baseline, greedy output compared token for token). Writes experiments/results/hispec.md.
+"""HiSpec measured with the trained exit heads (checkpoints/<target>-hispec), side by side in one
+process: specjax autoregressive decoding; single-level early-exit self-speculation with the draft
+exit (LayerSkip-style, the full target verifies its chain: the paper's baseline); HiSpec's three
+levels (specjax.hispec: draft exit, verify exit, buffered full verification, one shared cache) at
+two settings; and a trained feature drafter's tree verified by the full target alone and screened
+by the verify exit (specjax.verifiers.early_exit). Same harness as experiments/bench.py
+(interleaved repetitions, greedy output compared token for token). Writes
+experiments/results/hispec.md.
 
-    python experiments/hispec.py                          # both targets, T = 0 and 1
-    python experiments/hispec.py --targets smollm2 --temperatures 0
+    python experiments/hispec.py --targets smollm2        # MT-bench and EAGLE's qa, T = 0 and 1
+    python experiments/hispec.py --targets stories260K --temperatures 0
 
-Trees: the 31-node tree the trained drafters were benchmarked with (where verification of many
-nodes costs the most, and the exit saves the most) and the small tree SpecConfig.auto() chose
-on the 2-core CPU (dynamic(7,3,4)); the draft exit drafts a chain of 4. SmolLM2 runs its eagle
-drafter (mdc is within a few percent of it on MT-bench), stories260K both.
+tau of a HiSpec row: tokens per full-target call (a buffer flush).
 """
 
 from __future__ import annotations
@@ -19,28 +19,37 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from bench_suites import FEATURE_TREE, SUITES
+from bench_suites import SUITES
 
-from specjax.bench import AR, SPEC, Method, main
+from specjax.bench import AR, SPEC, Dataset, Method, main
 from specjax.config import TreeConfig
 from specjax.paths import SMOLLM2_EAGLE, STORIES260K_EAGLE, STORIES260K_MDC
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SMALL_TREE = TreeConfig.dynamic(7, 3, 4)
 EXIT_CHAIN = TreeConfig.chain(4)
+# (draft length k, buffer): short drafts for exits that agree with the layer above on about a
+# third of tokens, and the paper-like longer setting.
+HISPEC_SETTINGS = ((1, 2), (3, 4))
 
 
 def methods(drafters, exit_heads):
-    """Each drafter at both trees, with and without the verify exit; and HiSpec's draft exit
-    drafting a chain of 4, with and without the verify exit (the three levels)."""
-    rows = [Method(kind=AR)]
-    for tree in (FEATURE_TREE, SMALL_TREE):
-        for drafter in drafters:
-            rows.append(Method(kind=SPEC, drafter=drafter, tree=tree))
-            rows.append(Method(kind=SPEC, drafter=drafter, tree=tree, exit_heads=exit_heads))
-    exit_drafter = f"exit:{exit_heads}"
-    rows.append(Method(kind=SPEC, drafter=exit_drafter, tree=EXIT_CHAIN))
-    rows.append(Method(kind=SPEC, drafter=exit_drafter, tree=EXIT_CHAIN, exit_heads=exit_heads))
+    """The single-level baseline, HiSpec's three levels, each drafter's small tree with and
+    without the verify exit screening it."""
+    name = Path(exit_heads).name
+    rows = [Method(kind=AR), Method(kind=SPEC, drafter=f"exit:{exit_heads}", tree=EXIT_CHAIN)]
+    for k, buffer in HISPEC_SETTINGS:
+        rows.append(
+            Method(
+                kind=SPEC,
+                drafter=f"{exit_heads}:buffer{buffer}",
+                tree=TreeConfig.chain(k),
+                label=f"HiSpec three levels ({name}) chain {k}, buffer {buffer}",
+            )  # fmt: skip
+        )
+    for drafter in drafters:
+        rows.append(Method(kind=SPEC, drafter=drafter, tree=SMALL_TREE))
+        rows.append(Method(kind=SPEC, drafter=drafter, tree=SMALL_TREE, exit_heads=exit_heads))
     return tuple(rows)
 
 
@@ -51,7 +60,9 @@ HISPEC_SUITES = {
         methods=methods((STORIES260K_EAGLE, STORIES260K_MDC), "checkpoints/stories260K-hispec"),
     ),
     "smollm2": dataclasses.replace(
-        SUITES["smollm2"], methods=methods((SMOLLM2_EAGLE,), "checkpoints/smollm2-hispec")
+        SUITES["smollm2"],
+        datasets=(Dataset.named("mt_bench", 8, 64), Dataset.named("qa", 8, 64)),
+        methods=methods((SMOLLM2_EAGLE,), "checkpoints/smollm2-hispec"),
     ),
 }
 

@@ -1,13 +1,15 @@
 """specjax: lossless speculative decoding for Llama-family models in JAX.
 
-Public API: load, load_drafter, generate, score, speculative_generate, the drafters and the
-config dataclasses; make_mesh and shard_model put the target on a ('data', 'model') device mesh.
+Public API: load, load_drafter, generate, score, speculative_generate, the drafters (HiSpec: the
+three-level early-exit drafter) and the config dataclasses; make_mesh and shard_model put the
+target on a ('data', 'model') device mesh.
 """
 
 from specjax.api import speculative_generate
 from specjax.config import TINY, ModelConfig, SamplingConfig, SpecConfig, TreeConfig
 from specjax.decode import GenerateOutput, generate, score
 from specjax.drafters import Drafter, EagleDrafter, HiddenStateDrafter, LMDrafter, load_drafter
+from specjax.hispec import HiSpec
 from specjax.io import Loaded, load
 from specjax.models.target import Llama
 from specjax.sharding import make_mesh, shard_model
@@ -21,6 +23,7 @@ __all__ = [
     "Verifier",
     "EagleDrafter",
     "HiddenStateDrafter",
+    "HiSpec",
     "GenerateOutput",
     "LMDrafter",
     "Llama",

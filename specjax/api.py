@@ -11,6 +11,7 @@ from specjax.cache import tree_reserve
 from specjax.choice import resolve_auto
 from specjax.config import AutoSpecConfig, SamplingConfig, SpecConfig
 from specjax.decode import GenerateOutput, check_eos, check_sampling, generate, prepare_prompts
+from specjax.hispec import HiSpec, hispec_generate
 from specjax.speculative import speculative_decode
 
 
@@ -42,8 +43,14 @@ def speculative_generate(
     drafter and batch (specjax.choice; the first call measures costs and may calibrate, both kept
     on disk) and adds stats tree (its label), predicted_tau and predicted_speedup; an explicit
     SpecConfig is used as given.
+
+    drafter may also be a specjax.hispec.HiSpec (load_drafter of an exit-heads directory): the
+    three-level HiSpec loop runs with the settings of its checkpoint, or with an explicit
+    SpecConfig's chain length as its draft length (see _hispec).
     """
     kwargs = dict(max_new_tokens=max_new_tokens, sampling=sampling, key=key, eos_id=eos_id)
+    if isinstance(drafter, HiSpec):
+        return _hispec(target, drafter, prompts, config, verifier, **kwargs)
     if not isinstance(config, AutoSpecConfig):
         return speculative_decode(target, drafter, prompts, config=config, verifier=verifier,
                                   **kwargs)  # fmt: skip
@@ -55,6 +62,24 @@ def speculative_generate(
     )
     out.stats.update(choice.stats())
     return out
+
+
+def _hispec(target, hispec, prompts, config, verifier, **kwargs):
+    """speculative_generate for a HiSpec drafter: it is its own verifier, and drafts chains."""
+    if verifier is not None:
+        raise ValueError(
+            "a HiSpec drafter verifies with its own exits: pass verifier=None (an "
+            "EarlyExitVerifier screens the trees of other drafters)"
+        )
+    attn_impl = config.attn_impl
+    if isinstance(config, SpecConfig):
+        if not config.tree.is_chain or config.tree.is_dynamic:
+            raise ValueError(
+                f"HiSpec drafts chains: give SpecConfig(tree=TreeConfig.chain(k)), got "
+                f"{config.tree}"
+            )
+        hispec = hispec.with_settings(draft_len=config.tree.max_depth)
+    return hispec_generate(target, hispec, prompts, attn_impl=attn_impl, **kwargs)
 
 
 def _autoregressive(target, prompts, choice, attn_impl, *, max_new_tokens, sampling, key, eos_id):

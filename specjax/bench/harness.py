@@ -64,6 +64,8 @@ class Row:
     chosen_tree: str = ""  # SpecConfig.auto() rows: what it chose and predicted
     predicted_tau: float = math.nan
     predicted_speedup: float = math.nan
+    # Rows with an intermediate level (HiSpec, exit verify): tokens per call of the verify exit.
+    intermediate_tau: float = math.nan
 
 
 def explain_mismatch(target: Target, prompt: Prompt, ref: np.ndarray, got: np.ndarray) -> str:
@@ -242,6 +244,8 @@ def _rows(target, prompts, sampling, methods, runners, timings, log) -> list[Row
             row.draft_nodes = row.chosen_tree
             row.predicted_tau = float(out.choice["predicted_tau"])
             row.predicted_speedup = float(out.choice["predicted_speedup"])
+        if out.intermediate_tau:
+            row.intermediate_tau = float(np.mean(out.intermediate_tau))
         if out.pre_verifier_stops and out.draft_len:
             # A pre-verifier decided per step: the budget, then the mean actually verified.
             row.draft_nodes = f"{row.draft_nodes} -> {np.mean(out.draft_len):.1f}"

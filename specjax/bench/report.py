@@ -131,6 +131,24 @@ def write_markdown(
                 f"{r.speedup:.2f}x | {err:+.0%} |"
             )
         lines.append("")
+    leveled = [r for r in rows if not math.isnan(r.intermediate_tau)]
+    if leveled:
+        lines += [
+            "## Tokens per call at each level (early-exit rows)",
+            "",
+            "intermediate: tokens per call of the verify exit (HiSpec: per round of draft and "
+            "intermediate verification; exit verify: the exit's accepted path + 1 per step); "
+            "full: tokens per call of the layers above it (the table's tau).",
+            "",
+            "| target | dataset | T | method | intermediate tau | full tau |",
+            "|---|---|---|---|---|---|",
+        ]
+        for r in leveled:
+            lines.append(
+                f"| {r.target} | {r.dataset} | {r.temperature:g} | {r.method} | "
+                f"{r.intermediate_tau:.2f} | {r.tau:.2f} |"
+            )
+        lines.append("")
     mismatches = [(r, m) for r in rows for m in r.mismatches]
     lines.append("## Greedy mismatches")
     lines.append("")

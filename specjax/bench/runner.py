@@ -38,6 +38,7 @@ class Decoded:
     choice: dict | None = None  # SpecConfig.auto(): tree, predicted_tau, predicted_speedup
     draft_len: list[float] | None = None  # draft nodes verified per step, per prompt
     pre_verifier_stops: int = 0  # steps a drafter's pre-verifier cut, over all prompts
+    intermediate_tau: list[float] | None = None  # per prompt, rows with an intermediate level
 
     @property
     def n_tokens(self) -> int:
@@ -138,7 +139,7 @@ class SpecjaxRunner(Runner):
         return jax.block_until_ready(out)
 
     def decoded(self) -> Decoded:
-        tokens, tau, hist, choices, draft_len, stops = [], [], None, [], [], 0
+        tokens, tau, hist, choices, draft_len, stops, level = [], [], None, [], [], 0, []
         for o in self.outputs:
             n = int(o.lengths[0])
             tokens.append(np.asarray(o.tokens[0, :n]))
@@ -153,6 +154,9 @@ class SpecjaxRunner(Runner):
                     stops += int(o.stats["pre_verifier_stops"][0])
                 if "predicted_speedup" in o.stats:
                     choices.append(o.stats)
+                level_tau = intermediate_tau(o.stats)
+                if level_tau is not None:
+                    level.append(level_tau)
         return Decoded(
             tokens=tokens,
             tau=tau,
@@ -160,7 +164,19 @@ class SpecjaxRunner(Runner):
             choice=_combined_choice(choices),
             draft_len=draft_len or None,
             pre_verifier_stops=stops,
+            intermediate_tau=level or None,
         )
+
+
+def intermediate_tau(stats: dict) -> float | None:
+    """Tokens per call of an intermediate level for row 0, or None: HiSpec's verify-exit rounds
+    (specjax.hispec), or an exit-screened tree's exit (accepted exit tokens + 1 per step)."""
+    if "intermediate_tau" in stats:
+        return float(stats["intermediate_tau"][0])
+    if "exit_accepted" in stats:
+        calls = max(int(stats["target_calls"][0]), 1)
+        return float(stats["exit_accepted"][0]) / calls + 1.0
+    return None
 
 
 def _add_padded(a: np.ndarray, b: np.ndarray) -> np.ndarray:

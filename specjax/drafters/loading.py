@@ -65,7 +65,8 @@ def load_drafter(
     pre_verifier: bool | None = None,
 ):
     """A Drafter (HiddenStateDrafter or EagleDrafter) from a drafter directory, bound to
-    `target` (a specjax Llama, or a specjax.Loaded).
+    `target` (a specjax Llama, or a specjax.Loaded); from an exit-heads directory (hispec.json,
+    e.g. checkpoints/smollm2-hispec) a specjax.hispec.HiSpec with its checkpoint's settings.
 
     Raises ValueError, naming the path, before anything is compiled: for a malformed
     drafter.json (invalid JSON, missing keys), a missing or damaged params/ checkpoint,
@@ -79,6 +80,11 @@ def load_drafter(
     verifies only the nodes it expects to be accepted); None (default): when there is one,
     True: raise ValueError when there is none, False: never."""
     model = getattr(target, "model", target)
+    if (Path(path) / "hispec.json").exists():
+        # An exit-heads directory (checkpoints/<target>-hispec): HiSpec's three-level drafter.
+        from specjax.hispec import HiSpec
+
+        return HiSpec.from_checkpoint(path, model)
     header = read_header(path)
     net = load_drafter_net(path)
     check_target(path, header, net, model, strict=strict)

@@ -4,7 +4,8 @@
 exit of an exit-heads directory (checkpoints/<target>-hispec); a path to a checkpoint is a draft
 model sharing the target's vocabulary; a directory with drafter.json is a trained feature drafter,
 optionally with an ablation switch: "DIR:noreuse", "DIR:freshN", "DIR:nopv" (without its
-trained pre-verifier).
+trained pre-verifier); a directory with hispec.json is HiSpec's three-level drafter ("DIR:bufferN"
+sets its buffer).
 """
 
 from __future__ import annotations
@@ -47,15 +48,23 @@ def is_feature_drafter(spec: str) -> bool:
     return (Path(split_drafter_switch(spec)[0]) / "drafter.json").exists()
 
 
+def is_hispec(spec: str) -> bool:
+    """Whether --drafter names HiSpec exit heads (a directory with hispec.json)."""
+    return (Path(split_drafter_switch(spec)[0]) / "hispec.json").exists()
+
+
 def split_drafter_switch(spec: str) -> tuple[str, dict]:
     """Ablation switches of a trained hidden-state drafter, spelled DIR:SWITCH:
     "DIR:noreuse" -> (DIR, {"reuse": False}); "DIR:fresh2" -> (DIR, {"fresh_slots": 2});
-    "DIR:nopv" -> (DIR, {"pre_verifier": False})."""
+    "DIR:nopv" -> (DIR, {"pre_verifier": False}); for HiSpec exit heads "DIR:buffer4" ->
+    (DIR, {"buffer": 4})."""
     head, _, switch = spec.rpartition(":")
     if head and switch == "noreuse":
         return head, {"reuse": False}
     if head and switch == "nopv":
         return head, {"pre_verifier": False}
+    if head and switch.startswith("buffer") and switch[6:].isdigit():
+        return head, {"buffer": int(switch[6:])}
     if head and switch.startswith("fresh") and switch[5:].isdigit():
         return head, {"fresh_slots": int(switch[5:])}
     return spec, {}
@@ -74,6 +83,12 @@ def make_drafter(spec: str, target_loaded):
         heads = load_exit_heads(spec.split(":", 1)[1], target_loaded.model)
         return LMDrafter.self_draft_exit(heads["draft"], target_loaded.model)
     path, switches = split_drafter_switch(spec)
+    if is_hispec(path):
+        from specjax.hispec import HiSpec
+
+        if target_loaded is None:
+            raise ValueError(f"{spec}: HiSpec exit heads need their target to load")
+        return HiSpec.from_checkpoint(path, target_loaded.model, **switches)
     if is_feature_drafter(path):
         if target_loaded is None:
             raise ValueError(f"{spec}: a feature drafter needs its target to load")
