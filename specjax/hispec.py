@@ -64,9 +64,10 @@ from specjax.tree import DraftTree, causal_mask, chain_tree
 from specjax.verifiers.full import FullVerifier, nonfinite_rows
 
 # The settings used when a checkpoint's hispec.json has none ("settings": {"draft_len": ...,
-# "buffer": ...}, written by experiments/hispec.py from its measurements).
-DEFAULT_DRAFT_LEN = 3
-DEFAULT_BUFFER = 4
+# "buffer": ...}). The faster of the two measured on SmolLM2 (experiments/results/hispec.md):
+# exits that agree with the level above on about a third of tokens waste longer drafts.
+DEFAULT_DRAFT_LEN = 1
+DEFAULT_BUFFER = 2
 
 
 class HiSpec(nnx.Module):

@@ -176,3 +176,24 @@ def test_check_catches_a_biased_rule(target, monkeypatch):
     sampling = SamplingConfig(temperature=1.0)
     problem = distribution_mismatch(empirical_joint(tokens), exact_joint(target, sampling), N_ROWS)
     assert problem is not None
+
+
+def test_shipped_exit_heads_load_as_hispec(shared_dir):
+    """load_drafter of an exit-heads directory gives a HiSpec that runs the real stories260K
+    target losslessly (greedy), with its checkpoint's settings unless a chain is given."""
+    from specjax.datasets import tinystories_prompts
+    from specjax.paths import STORIES260K, repo_dir
+
+    path = repo_dir() / "checkpoints/stories260K-hispec"
+    if not (path / "hispec.json").exists():
+        pytest.skip("checkpoints/stories260K-hispec is not in this checkout")
+    stories = specjax.load(shared_dir / STORIES260K)
+    hispec = specjax.load_drafter(path, stories)
+    assert isinstance(hispec, HiSpec)
+    prompts = tinystories_prompts(stories.tokenizer, 3)
+    ref = specjax.generate(stories.model, prompts, max_new_tokens=40)
+    out = specjax.speculative_generate(stories.model, hispec, prompts, max_new_tokens=40)
+    np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
+    # A trained draft exit gets some drafts past the verify exit (untrained: almost none).
+    s = {k: np.asarray(v).sum() for k, v in out.stats.items()}
+    assert s["intermediate_accepted"] > 0.1 * s["intermediate_drafted"], s
