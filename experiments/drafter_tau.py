@@ -6,6 +6,8 @@ budget, on more prompts than the timed comparison (experiments/drafters.py) can 
     python experiments/drafter_tau.py --n 10 --sets mt_bench --temperatures 0   # a quick look
     python experiments/drafter_tau.py --drafter DIR --drafter DIR2   # other drafter directories
     python experiments/drafter_tau.py --sets qa sum gsm8k --temperatures 0   # and all three
+    python experiments/drafter_tau.py --drafter DIR --baseline results/drafter_tau_X.json \
+        --baseline-name smollm2-eagle    # pair one new drafter with an earlier run's taus
 
 Every prompt is decoded with max_new_tokens new tokens in batches of 8 rows (rows never depend
 on each other, so batching does not change a row's tokens), tree 31 nodes / depth 6 / top-8.
@@ -52,7 +54,16 @@ def main(argv=None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--drafter", action="append", default=None, help="drafter directory")
     parser.add_argument("--out", default=str(RESULTS / "drafter_tau.md"))
+    parser.add_argument(
+        "--baseline",
+        default=None,
+        help="a drafter_tau .json of an earlier run: its --baseline-name taus on the same sets, "
+        "temperatures and n are paired with this run's drafter instead of decoding again "
+        "(greedy taus are deterministic; the prompts must be the same)",
+    )
+    parser.add_argument("--baseline-name", default="smollm2-eagle")
     args = parser.parse_args(argv)
+    baseline = json.loads(Path(args.baseline).read_text()) if args.baseline else None
 
     t_start = time.perf_counter()
     loaded = specjax.load(shared_path(SMOLLM2))
@@ -78,6 +89,14 @@ def main(argv=None) -> int:
                 per_prompt[(set_name, temperature, name)] = taus
                 rows.append((set_name, temperature, name, len(prompts), taus, stats))
                 print(f"{set_name} T={temperature} {name}: tau {taus.mean():.3f}", flush=True)
+            if baseline is not None:
+                name = args.baseline_name
+                taus = np.asarray(baseline[f"{set_name}|{temperature:g}|{name}"])
+                if len(taus) != len(prompts):
+                    raise SystemExit(f"--baseline has {len(taus)} {set_name} prompts, not {args.n}")
+                per_prompt[(set_name, temperature, name)] = taus
+                rows.append((set_name, temperature, name, len(prompts), taus, {}))
+                print(f"{set_name} T={temperature} {name}: tau {taus.mean():.3f} (baseline)")
             jax.clear_caches()  # one process, many compiled programs (see NOTES.md)
 
     lines = [
@@ -91,6 +110,11 @@ def main(argv=None) -> int:
         "- prompts: the first turns of the first n questions of each set, round-robin over "
         "categories (all 80 MT-bench questions at n = 80); chat template",
         f"- wall time: {(time.perf_counter() - t_start) / 60:.1f} min",
+        *(
+            [f"- {args.baseline_name}: per-prompt taus read from {args.baseline} (not decoded)"]
+            if baseline is not None
+            else []
+        ),
         "",
         "| set | T | drafter | prompts | tau (95% CI) | reused nodes | layer calls / step |",
         "|---|---|---|---|---|---|---|",
@@ -104,16 +128,16 @@ def main(argv=None) -> int:
             f"| {set_name} | {temperature:g} | {name} | {n} | {taus.mean():.3f} ± "
             f"{mean_ci(taus)[1]:.3f} | {reused} | {calls} |"
         )
+    names = list(drafters) + ([args.baseline_name] if baseline is not None else [])
     if len(args.sets) > 1:
         lines += ["", "All sets together (every prompt weighs the same):", ""]
         for temperature in args.temperatures:
-            for name in drafters:
+            for name in names:
                 x = np.concatenate([per_prompt[(s, temperature, name)] for s in args.sets])
                 lines.append(
                     f"- {'+'.join(args.sets)} T={temperature:g} {name}: {x.mean():.3f} ± "
                     f"{mean_ci(x)[1]:.3f} ({len(x)} prompts)"
                 )
-    names = list(drafters)
     if len(names) == 2:
         a, b = names
         lines += [
