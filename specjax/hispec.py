@@ -196,7 +196,9 @@ class HiSpecLoop:
 
     def cache_len(self, prompt_width: int) -> int:
         """A live row has F <= prompt_width + max_new - 2 and writes at most C + 1 slots past
-        it (a round starts with m < buffer and writes k + 1; a flush writes C)."""
+        it (a round starts with m < buffer and writes k + 1; a flush writes C). A finished row
+        keeps computing rounds from F with m = 0 (its last flush emptied the buffer), so it
+        stays within the same bound."""
         return prompt_width + self.max_new_tokens + self.hispec.slots + 2
 
     def _dist(self, logits):
@@ -320,7 +322,9 @@ class HiSpecLoop:
         )
         acc = rules.RULES["greedy" if self.greedy else "chain"](chain, p, key, c)
         all_ok = acc.n_accepted >= m
-        return acc.n_accepted, acc.next_token, all_ok, out.cache, nonfinite_rows(out.logits)
+        judged = (jnp.arange(c) < m[:, None])[..., None]  # slots past m hold scratch
+        nonfinite = nonfinite_rows(jnp.where(judged, out.logits, 0.0))
+        return acc.n_accepted, acc.next_token, all_ok, out.cache, nonfinite
 
     def step(self, s: HiSpecState) -> HiSpecState:
         """One round for every live row, then a flush of the rows that need one."""
@@ -394,7 +398,9 @@ class HiSpecLoop:
             done=done,
             cache=cache,
             committed=jnp.where(go, s.committed + n_emit, s.committed),
-            buffered=jnp.where(go, 0, s.buffered),
+            # Finishing rows empty their buffer too: they keep computing rounds from F + 0 while
+            # other rows run, which keeps their writes inside the cache (see cache_len).
+            buffered=jnp.where(flushing, 0, s.buffered),
             buf_tokens=jnp.where(go[:, None], s.buf_tokens.at[:, 0].set(root), s.buf_tokens),
             full_calls=s.full_calls + flushing,
             full_accepted=s.full_accepted + jnp.where(flushing, jnp.minimum(n3, m), 0),
