@@ -60,6 +60,7 @@ from specjax.decode import (
 )
 from specjax.models.exit_head import ExitLogits
 from specjax.sampling import apply_sampling, sample
+from specjax.speculative import _write_tokens
 from specjax.tree import DraftTree, causal_mask, chain_tree
 from specjax.verifiers.full import FullVerifier, nonfinite_rows
 
@@ -383,11 +384,7 @@ class HiSpecLoop:
         n_keep = jnp.where(is_eos.any(axis=1), jnp.argmax(is_eos, axis=1) + 1, n_emit)
         n_keep = jnp.minimum(n_keep, self.max_new_tokens - s.n_generated)
         n_keep = jnp.where(flushing, n_keep, 0)
-        old = jax.vmap(lambda row, st: jax.lax.dynamic_slice(row, (st,), (c + 1,)))(
-            s.tokens, s.n_generated
-        )
-        written = jnp.where(idx < n_keep[:, None], emitted, old)
-        tokens = _put_rows(s.tokens, written, s.n_generated)
+        tokens = jax.vmap(_write_tokens)(s.tokens, emitted, s.n_generated, n_keep)
         n_generated = s.n_generated + n_keep
         done = s.done | (flushing & (is_eos.any(axis=1) | (n_generated >= self.max_new_tokens)))
         root = jnp.where(all_ok, jnp.take_along_axis(s.buf_tokens, m[:, None], 1)[:, 0], correction)
