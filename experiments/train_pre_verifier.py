@@ -35,6 +35,9 @@ from specjax.train import pre_verifier as pvt
 
 RESULTS = Path(__file__).resolve().parent / "results"
 THRESHOLDS = (0.0, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
+# Small fixed trees replayed beside the thresholds: the pre-verifier is worth keeping only if it
+# beats the best of these, not just the collection tree it prunes.
+FIXED_TREES = ((4, 2, 2), (7, 3, 4), (15, 5, 4))
 
 
 def say(message: str) -> None:
@@ -99,7 +102,8 @@ def main() -> None:
         quality[name] = (len(ys), pvt.auc(p, ys), base, pvt.calibration_bins(p, ys))
 
     verify = autotune.verify_costs(target.model, with_ar=False)
-    draft = autotune.draft_costs(target.model, drafter, verify, topks=(topk,))
+    topks = sorted({topk, *(k for _, _, k in FIXED_TREES)})
+    draft = autotune.draft_costs(target.model, drafter, verify, topks=tuple(topks))
 
     def t_draft(levels: int) -> float:
         return draft.t_draft(TreeConfig.dynamic(nodes, levels, topk))
@@ -108,6 +112,15 @@ def main() -> None:
     sims += [pvt.simulate(pv, held_rec, t, t_verify=verify.t_verify, t_draft=t_draft)
              for t in THRESHOLDS]  # fmt: skip
     best = max(sims[1:], key=lambda s: s.tokens_per_second)
+    fixed = {
+        tree: pvt.simulate_fixed(
+            held_rec, tree, t_verify=verify.t_verify,
+            t_draft=lambda d, k=tree[2]: draft.t_draft(TreeConfig.dynamic(nodes, d, k)),
+        )
+        for tree in FIXED_TREES
+    }  # fmt: skip
+    best_fixed = max(fixed, key=lambda t: fixed[t].tokens_per_second)
+    vs_fixed = best.tokens_per_second / fixed[best_fixed].tokens_per_second
     pv = pv.with_settings(threshold=best.threshold)
     held_auc = quality["held-out"][1]
     card = {
@@ -116,6 +129,7 @@ def main() -> None:
         "block": args.block,
         "threshold": best.threshold,
         "held_out_auc": held_auc,
+        "replay_vs_best_fixed_tree": {"tree": list(best_fixed), "ratio": round(vs_fixed, 3)},
         "labelled_nodes": int(len(y)),
         "prompts": description,
     }
@@ -128,7 +142,9 @@ def main() -> None:
         f"{len(y)} labelled nodes from greedy decoding with dynamic({args.tree}) on "
         f"{n_train} held-in prompts ({description}); {args.steps} steps, "
         f"{train_s:.0f} s (+{record_s:.0f} s recording). Block b = {args.block} level(s); "
-        f"threshold {best.threshold} (the best replayed tokens/s on the held-out prompts).",
+        f"threshold {best.threshold} (the best replayed tokens/s on the held-out prompts): "
+        f"{vs_fixed:.2f}x the replayed tokens/s of the best small fixed tree without it, "
+        f"dynamic{best_fixed}.",
         "",
         "| prompts | labelled nodes | AUC | AUC of the draft probability alone |",
         "|---|---|---|---|",
@@ -158,7 +174,9 @@ def main() -> None:
         "",
         "Tokens per step (tau), draft nodes verified, verified bucket, drafted levels and "
         "predicted tokens/s of each threshold, from the recorded steps (exact for greedy: the "
-        "pruned tree accepts the longest kept prefix of the recorded path).",
+        "pruned tree accepts the longest kept prefix of the recorded path), and of small fixed "
+        "trees without the pre-verifier (their nodes taken from the recorded tree: "
+        "specjax.train.pre_verifier.fixed_subtree).",
         "",
         "| threshold | tau | draft nodes | bucket | levels | predicted tok/s | vs none |",
         "|---|---|---|---|---|---|---|",
@@ -169,6 +187,12 @@ def main() -> None:
         rows.append(
             f"| {name} | {s.tau:.2f} | {s.draft_len:.1f} | {s.bucket:.1f} | {s.depth:.1f} "
             f"| {s.tokens_per_second:.1f} | {ratio:.2f}x |"
+        )
+    for tree, s in fixed.items():
+        ratio = s.tokens_per_second / sims[0].tokens_per_second
+        rows.append(
+            f"| fixed dynamic{tree}, no pre-verifier | {s.tau:.2f} | {s.draft_len:.1f} "
+            f"| {s.bucket:.1f} | {s.depth:.1f} | {s.tokens_per_second:.1f} | {ratio:.2f}x |"
         )
     out.write_text("\n".join(rows) + "\n")
     plot_calibration(quality, RESULTS / f"pre_verifier_{folder.name}.png")

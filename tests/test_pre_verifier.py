@@ -306,6 +306,29 @@ def test_labels_auc_and_replay():
     assert sim.depth == 2 and sim.draft_len == 4
 
 
+def test_fixed_subtree_replay():
+    """A small fixed tree replayed from a recorded larger one keeps the most probable nodes within
+    its depth and sibling ranks, closed under parents, and accepts the recorded path's longest
+    prefix that it holds."""
+    stats = np.zeros((5, len(NODE_STATS)), np.float32)
+    col = {name: i for i, name in enumerate(NODE_STATS)}
+    stats[:, col["depth"]] = [0, 1, 1, 2, 2]
+    stats[:, col["rank"]] = [0, 0, 1, 0, 0]
+    stats[:, col["cum_logq"]] = [0, -0.1, -1.0, -0.3, -1.2]
+    rec = pvt.StepRecord(parents=np.array([-1, 0, 0, 1, 2]), valid=np.ones(5, bool),
+                         node_stats=stats, path=np.array([1, 3]))  # fmt: skip
+    np.testing.assert_array_equal(pvt.fixed_subtree(rec, 2, 2, 1), [1, 1, 0, 1, 0])
+    np.testing.assert_array_equal(pvt.fixed_subtree(rec, 2, 1, 2), [1, 1, 1, 0, 0])
+    np.testing.assert_array_equal(pvt.fixed_subtree(rec, 1, 2, 2), [1, 1, 0, 0, 0])
+    # node 4's parent (rank 1) is outside a top-1 tree, so node 4 is too
+    np.testing.assert_array_equal(pvt.fixed_subtree(rec, 4, 2, 1), [1, 1, 0, 1, 0])
+    costs = dict(t_verify=lambda n: float(n), t_draft=lambda d: 0.5 * d)
+    deep = pvt.simulate_fixed([rec], (2, 2, 1), **costs)
+    assert deep.tau == 3.0 and deep.bucket == 3 and deep.seconds == 4.0
+    wide = pvt.simulate_fixed([rec], (2, 1, 2), **costs)
+    assert wide.tau == 2.0 and wide.draft_len == 2 and wide.seconds == 3.5
+
+
 def test_bucket_by_cost_keeps_the_most_probable_nodes_of_the_best_bucket():
     """Two rows; path probabilities known. With a flat cost up to 8 nodes the 8-bucket wins and
     keeps each row's 7 most probable nodes; with a steep cost the root alone wins."""

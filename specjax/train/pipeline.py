@@ -259,7 +259,7 @@ def remeasure_card(
 
     loaded = specjax.load(target_path)
     eos = loaded.tokenizer.eos_id if loaded.tokenizer else None
-    drafter = load_drafter(out_dir, loaded.model)
+    drafter = load_drafter(out_dir, loaded.model, pre_verifier=False)  # the card: unpruned tree
     what, prompts = eval_prompts(loaded, recipe.data_kind, eval_n)
     greedy = measure_tau(loaded.model, drafter, prompts, eos_id=eos)
     card = Path(out_dir) / "CARD.md"

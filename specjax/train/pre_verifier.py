@@ -29,6 +29,7 @@ from flax import nnx
 from specjax.config import SpecConfig
 from specjax.models.pre_verifier import PreVerifier, PreVerifierConfig
 from specjax.pre_verify import default_buckets
+from specjax.tree import NODE_STATS
 
 
 @dataclasses.dataclass
@@ -243,4 +244,57 @@ def simulate(
         bucket=bucket_total / k,
         depth=depth_total / k,
         seconds=seconds / k,
+    )
+
+
+def fixed_subtree(record: StepRecord, nodes: int, depth: int, topk: int) -> np.ndarray:
+    """[N] the nodes of a recorded (larger) tree that a fixed dynamic(nodes, depth, topk) tree
+    would draft: nodes no deeper than `depth` whose sibling rank is below `topk` and whose parent
+    is kept, the `nodes` most probable by the drafter's cumulative log q (and the root).
+    An approximation of drafting that tree directly: EAGLE-2's frontier keeps the top-k of each
+    level, which a larger top-k changes only in which deep nodes compete."""
+    cum = record.node_stats[:, NODE_STATS.index("cum_logq")]
+    rank = record.node_stats[:, NODE_STATS.index("rank")]
+    level = record.node_stats[:, NODE_STATS.index("depth")]
+    eligible = record.valid & (level <= depth) & (rank < topk)
+    eligible[0] = True
+    for i in range(1, len(record.parents)):  # topological: a node needs its parent
+        eligible[i] &= eligible[record.parents[i]]
+    order = [i for i in np.argsort(-cum, kind="stable") if eligible[i] and i > 0][:nodes]
+    keep = np.zeros(len(record.parents), bool)
+    keep[0] = True
+    keep[order] = True  # closed under parents: a child's cum log q never exceeds its parent's
+    return keep
+
+
+def simulate_fixed(
+    records: list[StepRecord],
+    tree: tuple[int, int, int],
+    *,
+    t_verify: Callable[[int], float],
+    t_draft: Callable[[int], float],
+) -> Simulated:
+    """A fixed dynamic(nodes, depth, topk) tree replayed on greedy records of a larger tree
+    (fixed_subtree): it accepts the longest prefix of the recorded path that it drafts, verifies
+    all its nodes and drafts `depth` levels. threshold is reported as -1 (no pre-verifier)."""
+    nodes, depth, _ = tree
+    tokens = kept_total = 0.0
+    for r in records:
+        keep = fixed_subtree(r, *tree)
+        accepted = 0
+        for node in r.path:
+            if not keep[node]:
+                break
+            accepted += 1
+        tokens += accepted + 1
+        kept_total += int(keep.sum()) - 1
+    k = len(records)
+    seconds = t_verify(nodes + 1) + t_draft(depth)
+    return Simulated(
+        threshold=-1.0,
+        tau=tokens / k,
+        draft_len=kept_total / k,
+        bucket=float(nodes + 1),
+        depth=float(depth),
+        seconds=seconds,
     )
