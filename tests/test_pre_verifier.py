@@ -327,6 +327,9 @@ def test_fixed_subtree_replay():
     assert deep.tau == 3.0 and deep.bucket == 3 and deep.seconds == 4.0
     wide = pvt.simulate_fixed([rec], (2, 1, 2), **costs)
     assert wide.tau == 2.0 and wide.draft_len == 2 and wide.seconds == 3.5
+    # pruning replayed on the small tree: without a pre-verifier it is the small tree itself
+    base = pvt.simulate(None, [rec], 0.0, base=(2, 1, 2), **costs)
+    assert base.tau == 2.0 and base.draft_len == 2 and base.bucket == 3 and base.depth == 1
 
 
 def test_bucket_by_cost_keeps_the_most_probable_nodes_of_the_best_bucket():

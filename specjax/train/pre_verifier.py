@@ -201,26 +201,30 @@ def simulate(
     t_verify: Callable[[int], float],
     t_draft: Callable[[int], float],
     buckets: tuple[int, ...] | None = None,
+    base: tuple[int, int, int] | None = None,
 ) -> Simulated:
     """Pruning at `threshold` replayed on greedy records (pv None: no pruning). t_verify(n):
     seconds for the target over n nodes; t_draft(d): seconds to draft d levels (with a
-    pre-verifier a feature drafter stops one level below its deepest kept node)."""
-    n_nodes = len(records[0].parents)
+    pre-verifier a feature drafter stops one level below its deepest kept node). base: prune a
+    smaller fixed dynamic(nodes, depth, topk) tree instead of the recorded one (its nodes from
+    fixed_subtree, its default buckets)."""
+    n_nodes = len(records[0].parents) if base is None else base[0] + 1
     buckets = buckets or default_buckets(n_nodes)
     tokens = kept_total = bucket_total = depth_total = seconds = 0.0
     probs = None
     if pv is not None:
         probs = predict(pv, np.concatenate([r.node_stats for r in records]))
     full_depth = max(int(r.node_stats[r.valid, 5].max(initial=1)) for r in records)
+    if base is not None:
+        full_depth = min(full_depth, base[1])
     offset = 0
     for r in records:
         n = len(r.parents)
         depth = r.node_stats[:, 5].astype(int)
-        if pv is None:
-            keep = r.valid.copy()
-        else:
+        keep = r.valid.copy() if base is None else fixed_subtree(r, *base)
+        if pv is not None:
             pi = path_probability(probs[offset : offset + n], r.parents)
-            keep = r.valid & (pi >= threshold)
+            keep &= pi >= threshold
         offset += n
         keep[0] = True
         accepted = 0
