@@ -105,19 +105,17 @@ def main() -> None:
     topks = sorted({topk, *(k for _, _, k in FIXED_TREES)})
     draft = autotune.draft_costs(target.model, drafter, verify, topks=tuple(topks))
 
-    def t_draft(levels: int) -> float:
-        return draft.t_draft(TreeConfig.dynamic(nodes, levels, topk))
+    def drafting(k: int):
+        """Seconds to draft d levels of a top-k dynamic tree."""
+        return lambda levels: draft.t_draft(TreeConfig.dynamic(nodes, levels, k))
 
+    t_draft = drafting(topk)
     sims = [pvt.simulate(None, held_rec, 0.0, t_verify=verify.t_verify, t_draft=t_draft)]
     sims += [pvt.simulate(pv, held_rec, t, t_verify=verify.t_verify, t_draft=t_draft)
              for t in THRESHOLDS]  # fmt: skip
     fixed, pruned = {}, {}
     for tree in FIXED_TREES:
-
-        def t_draft_fixed(levels, k=tree[2]):
-            return draft.t_draft(TreeConfig.dynamic(nodes, levels, k))
-
-        costs = dict(t_verify=verify.t_verify, t_draft=t_draft_fixed)
+        costs = dict(t_verify=verify.t_verify, t_draft=drafting(tree[2]))
         fixed[tree] = pvt.simulate_fixed(held_rec, tree, **costs)
         pruned[tree] = max(
             (pvt.simulate(pv, held_rec, t, base=tree, **costs) for t in THRESHOLDS[1:]),

@@ -279,26 +279,8 @@ def simulate_fixed(
     t_draft: Callable[[int], float],
 ) -> Simulated:
     """A fixed dynamic(nodes, depth, topk) tree replayed on greedy records of a larger tree
-    (fixed_subtree): it accepts the longest prefix of the recorded path that it drafts, verifies
-    all its nodes and drafts `depth` levels. threshold is reported as -1 (no pre-verifier)."""
-    nodes, depth, _ = tree
-    tokens = kept_total = 0.0
-    for r in records:
-        keep = fixed_subtree(r, *tree)
-        accepted = 0
-        for node in r.path:
-            if not keep[node]:
-                break
-            accepted += 1
-        tokens += accepted + 1
-        kept_total += int(keep.sum()) - 1
-    k = len(records)
-    seconds = t_verify(nodes + 1) + t_draft(depth)
-    return Simulated(
-        threshold=-1.0,
-        tau=tokens / k,
-        draft_len=kept_total / k,
-        bucket=float(nodes + 1),
-        depth=float(depth),
-        seconds=seconds,
+    (fixed_subtree): simulate without a pre-verifier on that tree, verifying all its nodes (one
+    bucket of nodes + 1)."""
+    return simulate(
+        None, records, 0.0, t_verify=t_verify, t_draft=t_draft, buckets=(tree[0] + 1,), base=tree
     )
