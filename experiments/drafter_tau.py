@@ -42,6 +42,7 @@ def main(argv=None) -> int:
         select_questions,
     )
     from specjax.drafters import load_drafter
+    from specjax.drafters.spec import split_drafter_switch
     from specjax.paths import SMOLLM2, SMOLLM2_EAGLE, SMOLLM2_MDC, repo_dir, shared_path
     from specjax.train.pipeline import measure_tau
 
@@ -52,7 +53,9 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--temperatures", nargs="+", type=float, default=[0.0, 1.0])
     parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--drafter", action="append", default=None, help="drafter directory")
+    parser.add_argument(
+        "--drafter", action="append", default=None, help="drafter directory (or DIR:stale, ...)"
+    )
     parser.add_argument("--out", default=str(RESULTS / "drafter_tau.md"))
     parser.add_argument(
         "--baseline",
@@ -70,7 +73,12 @@ def main(argv=None) -> int:
     eos = loaded.tokenizer.eos_id
     paths = args.drafter or [repo_dir() / p for p in (SMOLLM2_MDC, SMOLLM2_EAGLE)]
     # No pre-verifier: tau at the full tree is what the drafters are compared on.
-    drafters = {Path(p).name: load_drafter(p, loaded.model, pre_verifier=False) for p in paths}
+    drafters = {}
+    for spec in map(str, paths):  # DIR or DIR:SWITCH (specjax.drafters.spec)
+        path, switches = split_drafter_switch(spec)
+        switches = {**switches, "pre_verifier": False}
+        name = Path(path).name + spec[len(path) :]
+        drafters[name] = load_drafter(path, loaded.model, **switches)
     rows, per_prompt = [], {}
     for set_name in args.sets:
         questions = select_questions(read_spec_bench(SPEC_BENCH_FILES[set_name]), args.n)

@@ -129,7 +129,12 @@ def main() -> None:
     best_fixed = max(fixed, key=lambda t: fixed[t].tokens_per_second)
     vs_fixed = best.tokens_per_second / fixed[best_fixed].tokens_per_second
     base_words = f"dynamic({args.tree})" if best_base is None else f"dynamic{best_base}"
-    pv = pv.with_settings(threshold=best.threshold)
+    # and one threshold per tree budget, each the best replayed on its own tree, for callers that
+    # pick another tree than the one the single threshold was chosen on
+    per_budget = {nodes: choices[None].threshold} | {t[0]: pruned[t].threshold for t in FIXED_TREES}
+    pv = pv.with_settings(
+        threshold=best.threshold, budget_thresholds=tuple(sorted(per_budget.items()))
+    )
     held_auc = quality["held-out"][1]
     card = {
         "drafter": folder.name,
@@ -138,6 +143,7 @@ def main() -> None:
         "threshold": best.threshold,
         "held_out_auc": held_auc,
         "threshold_chosen_on": base_words,
+        "budget_thresholds": {str(n): t for n, t in sorted(per_budget.items())},
         "replay_vs_best_fixed_tree": {"tree": list(best_fixed), "ratio": round(vs_fixed, 3)},
         "labelled_nodes": int(len(y)),
         "prompts": description,
@@ -153,7 +159,10 @@ def main() -> None:
         f"{train_s:.0f} s (+{record_s:.0f} s recording). Block b = {args.block} level(s); "
         f"threshold {best.threshold} (the best replayed tokens/s on the held-out prompts, "
         f"pruning {base_words}): {vs_fixed:.2f}x the replayed tokens/s of the best small fixed "
-        f"tree without it, dynamic{best_fixed}.",
+        f"tree without it, dynamic{best_fixed}. A tree of N draft nodes is pruned at the "
+        f"threshold that replayed best at the largest of these budgets <= N: "
+        + ", ".join(f"{n} nodes {t}" for n, t in sorted(per_budget.items()))
+        + ".",
         "",
         "| prompts | labelled nodes | AUC | AUC of the draft probability alone |",
         "|---|---|---|---|",

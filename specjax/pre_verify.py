@@ -61,7 +61,7 @@ def keep_mask(
     pre-verifier's measured costs, only the nodes of the bucket with the most expected tokens
     per second (bucket_by_cost) are kept."""
     pi = path_logp(pv.node_logp(tree.node_stats), tree.parents, max_depth)
-    keep = tree.valid & (pi >= pv.threshold_logp[...])
+    keep = tree.valid & (pi >= pv.keep_logp(tree.num_nodes))
     root = jnp.arange(tree.num_nodes)[None, :] == 0
     keep = jnp.where(live[:, None], keep | root, root)
     if pv.shape.costs and len(buckets) > 1:

@@ -234,6 +234,38 @@ def test_reuse_serves_tokens_and_saves_chain_calls(tiny_target):
     assert stats[True]["accepted"][:, :-1].sum() > 0  # rejections happened: reuse was possible
 
 
+def test_stale_logits_change_the_tree_and_not_the_output(tiny_target):
+    """The stale-plus-fresh variant: after a rejection the recomputed slots' draft distribution
+    mixes in the carried (stale) hidden state, so the trees differ from the fresh-only ones;
+    the output stays the target's."""
+    from specjax.drafters.base import RootContext
+    from specjax.speculative import SteppedRun
+
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9], [3]]
+    drafter = make_drafter("mdc", tiny_target, fresh_slots=3)
+    drafter.stale_logits = True
+    cfg = SpecConfig(tree=TreeConfig.dynamic(9, 4, 3))
+    ref = specjax.generate(tiny_target, prompts, max_new_tokens=24)
+    out = specjax.speculative_generate(tiny_target, drafter, prompts, max_new_tokens=24, config=cfg)
+    np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
+
+    run = SteppedRun(tiny_target, drafter, prompts, max_new_tokens=24, config=cfg)
+    for _ in range(3):
+        run.step()
+    s = run.state
+    ctx = RootContext(root=s.root, prev=s.prev, lengths=s.verifier_state.lengths)
+    trees = {}
+    for stale in (False, True):
+        drafter.stale_logits = stale
+        trees[stale], _ = drafter.propose(
+            s.drafter_state, tiny_target, ctx, s.keys, config=cfg, sampling=SamplingConfig()
+        )
+    assert np.asarray(s.drafter_state.chain_valid).any()  # slots were carried over
+    assert not np.array_equal(np.asarray(trees[False].tokens), np.asarray(trees[True].tokens))
+    with pytest.raises(ValueError, match="stale_logits"):
+        HiddenStateDrafter(drafter.net, tiny_target, reuse=False, stale_logits=True)
+
+
 @pytest.mark.parametrize("kind", ["mdc", "mdc2", "eagle-fused"])
 def test_checkpoint_round_trip(tmp_path, tiny_target, kind):
     drafter = make_drafter(kind, tiny_target, seed=7)

@@ -274,6 +274,40 @@ def test_checkpoint_round_trip_and_load_drafter_switch(tmp_path, target):
     assert other.config.threshold == 0.6 and pv.config.threshold == 0.25
 
 
+def test_budget_thresholds_prune_each_tree_at_its_own_threshold(tmp_path, target):
+    """A tree of N draft nodes is pruned at the trained threshold of the largest budget <= N
+    (the smallest budget's below all of them); a new explicit threshold replaces the table;
+    the table survives the checkpoint."""
+    table = ((4, 0.05), (7, 0.2), (31, 0.6))
+    pv = random_pre_verifier(0.02, budget_thresholds=table)
+    assert [pv.threshold_for(n) for n in (1, 4, 6, 7, 30, 31, 64)] == [
+        0.05, 0.05, 0.05, 0.2, 0.2, 0.6, 0.6,
+    ]  # fmt: skip
+    save_pre_verifier(pv, tmp_path / "pv")
+    assert load_pre_verifier(tmp_path / "pv").config.budget_thresholds == table
+    plain = pv.with_settings(threshold=0.3)
+    assert plain.config.budget_thresholds == () and plain.threshold_for(31) == 0.3
+    with pytest.raises(ValueError, match="repeat"):
+        pv.with_settings(budget_thresholds=((4, 0.1), (4, 0.2)))
+
+    drafter = make_drafter("eagle", target)
+    cfg = SpecConfig(tree=TreeConfig.dynamic(9, 4, 3))  # 9 draft nodes: budget 7's 0.2
+    run = SteppedRun(target, drafter, PROMPTS, max_new_tokens=12, config=cfg)
+    run.step()
+    s = run.state
+    from specjax.drafters.base import RootContext
+
+    ctx = RootContext(root=s.root, prev=s.prev, lengths=s.verifier_state.lengths)
+    tree, _ = drafter.propose(
+        s.drafter_state, target, ctx, s.keys, config=cfg, sampling=SamplingConfig()
+    )
+    live = jnp.ones(len(PROMPTS), bool)
+    kept = {t: np.asarray(pre_verify.keep_mask(tree, pv.with_settings(threshold=t), live, 4))
+            for t in (0.02, 0.2)}  # fmt: skip
+    assert not np.array_equal(kept[0.02], kept[0.2])  # the two thresholds differ here
+    np.testing.assert_array_equal(np.asarray(pre_verify.keep_mask(tree, pv, live, 4)), kept[0.2])
+
+
 def test_load_drafter_refuses_a_missing_pre_verifier(tmp_path, target):
     from specjax.train.checkpoint import save_drafter
 

@@ -190,7 +190,7 @@ class FeatureDrafter(nnx.Module):
         b = ctx.root.shape[0]
         pv = self.pre_verifier if config.pre_verify else None
         # With a pre-verifier, drafting stops once no frontier node is worth verifying.
-        stop = None if pv is None else (pv.node_logp, pv.threshold_logp[...], pv.shape.block)
+        stop = None if pv is None else (pv.node_logp, pv.keep_logp(n_nodes), pv.shape.block)
         # expand_topk works in draft-vocabulary ids; the root is not one (index 0 stands for it
         # and the step functions read the root's embedding from depth == 0).
         tree, _ = expand_topk(
@@ -338,7 +338,14 @@ class HiddenStateDrafter(FeatureDrafter):
     predicted from the previous root, under the drafter's own guess of the tokens the target
     just rejected; recomputing the first few trades a few layer calls for fresher hidden states
     where acceptance matters most (the trade is measured in experiments/results/drafters.md).
-    fresh_slots=0 reuses every valid slot, fresh_slots >= depth is the same as reuse=False."""
+    fresh_slots=0 reuses every valid slot, fresh_slots >= depth is the same as reuse=False.
+
+    stale_logits: the paper's variant for the slots recomputed after a rejection: the draft
+    distribution there reads both hidden states, the fresh one and the stale one carried from
+    the previous step (predicted under the rejected guess), as the mean of their log-probabilities
+    with the same parent tokens injected (the public notes say the stale logits are added to the
+    fresh ones; the mean keeps the same ranking of children and a distribution of the usual
+    sharpness). It costs a second readout at those slots and never a layer call."""
 
     def __init__(
         self,
@@ -347,22 +354,31 @@ class HiddenStateDrafter(FeatureDrafter):
         *,
         reuse: bool = True,
         fresh_slots: int = DEFAULT_FRESH_SLOTS,
+        stale_logits: bool = False,
     ):
         if fresh_slots < 0:
             raise ValueError(f"fresh_slots must be >= 0, got {fresh_slots}")
+        if stale_logits and not reuse:
+            raise ValueError("stale_logits needs reuse=True: without reuse no slot is carried over")
         super().__init__(net, target)
         self.reuse = reuse
         self.fresh_slots = fresh_slots
+        self.stale_logits = stale_logits
 
     def _chain(self, state, root_emb, depth):
         """Complete the chain: slot d = h_{d+1} at position lengths + d, reusing valid slots.
-        Returns (state with the new chain, reused_slots [B, Dp] bool, layer calls [B])."""
+        Returns (state with the new chain, reused_slots [B, Dp] bool, layer calls [B], stale
+        [B, Dp, M] the carried hidden states before recomputation, recomputed_stale [B, Dp] bool:
+        slots recomputed although a carried one was valid)."""
         net, cache = self.net, state.cache
+        stale = state.chain_h
+        recomputed_stale = state.chain_valid & self.reuse
         s = cache.max_len
         ctx_mask = (jnp.arange(s)[None, :] < cache.lengths[:, None])[:, None, :]  # [B, 1, S]
         h, k_hist, v_hist = state.chain_h, state.chain_k, state.chain_v
         reusable = state.chain_valid if self.reuse else jnp.zeros_like(state.chain_valid)
         reusable = reusable.at[:, : self.fresh_slots].set(False)
+        recomputed_stale = recomputed_stale & ~reusable
         calls = jnp.zeros_like(state.chain_calls)
         for d in range(depth):
             # The first slot starts from the target's own last hidden state and the root token;
@@ -401,10 +417,10 @@ class HiddenStateDrafter(FeatureDrafter):
             chain_v=v_hist,
             chain_valid=jnp.ones_like(state.chain_valid),
         )
-        return state, reusable, calls
+        return state, reusable, calls, stale, recomputed_stale
 
     def _expansion(self, state, parts, ctx, root_emb, depth, sampling):
-        state, reused_slots, calls = self._chain(state, root_emb, depth)
+        state, reused_slots, calls, stale, recomputed_stale = self._chain(state, root_emb, depth)
         net, h = self.net, state.chain_h
         vocab = net.draft_vocab[...]
 
@@ -415,6 +431,12 @@ class HiddenStateDrafter(FeatureDrafter):
                 (d == 0)[..., None], root_emb[:, None], jnp.take(parts.embed, vocab[tokens], 0)
             )
             logp = self._draft_logp(net.logits(parts, hd, parent, st["grand"]), sampling)
+            if self.stale_logits:
+                hs = jnp.take_along_axis(stale, d[..., None], axis=1)
+                logp_stale = self._draft_logp(net.logits(parts, hs, parent, st["grand"]), sampling)
+                both = jnp.take_along_axis(recomputed_stale, d, axis=1)[..., None]  # [B, W, 1]
+                mixed = jax.nn.log_softmax((logp + logp_stale) / 2, axis=-1)
+                logp = jnp.where(both, mixed, logp)
             # The frontier node's token is its children's parent and its grandchildren's
             # grandparent.
             return logp, {"depth": d + 1, "grand": parent}

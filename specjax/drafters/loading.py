@@ -62,6 +62,7 @@ def load_drafter(
     strict: bool = True,
     reuse: bool = True,
     fresh_slots: int | None = None,
+    stale_logits: bool = False,
     pre_verifier: bool | None = None,
 ):
     """A Drafter (HiddenStateDrafter or EagleDrafter) from a drafter directory, bound to
@@ -74,10 +75,11 @@ def load_drafter(
     other shapes or vocabulary, and -- when strict (the default) -- one trained for a target of
     the same shapes but other weights (the header's target_fingerprint, see
     specjax.train.checkpoint.target_fingerprint; strict=False warns and loads it). Headers
-    without a fingerprint load with a warning. reuse / fresh_slots: the mdc draft-reuse switches
-    (see HiddenStateDrafter; None: its default). pre_verifier: attach the trained pre-verifier
-    kept in the directory's pre_verifier/ folder (specjax.models.pre_verifier: drafts and
-    verifies only the nodes it expects to be accepted); None (default): when there is one,
+    without a fingerprint load with a warning. reuse / fresh_slots / stale_logits: the mdc
+    draft-reuse switches (see HiddenStateDrafter; fresh_slots None: its default).
+    pre_verifier: attach the trained pre-verifier kept in the directory's pre_verifier/ folder
+    (specjax.models.pre_verifier: drafts and verifies only the nodes it expects to be
+    accepted); None (default): when there is one,
     True: raise ValueError when there is none, False: never."""
     model = getattr(target, "model", target)
     if (Path(path) / "hispec.json").exists():
@@ -90,7 +92,7 @@ def load_drafter(
     check_target(path, header, net, model, strict=strict)
     if net.config.kind == "mdc":
         fresh = {} if fresh_slots is None else {"fresh_slots": fresh_slots}
-        drafter = HiddenStateDrafter(net, model, reuse=reuse, **fresh)
+        drafter = HiddenStateDrafter(net, model, reuse=reuse, stale_logits=stale_logits, **fresh)
     else:
         drafter = EagleDrafter(net, model)
     pv_folder = Path(path) / PV_FOLDER

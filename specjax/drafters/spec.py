@@ -56,13 +56,15 @@ def is_hispec(spec: str) -> bool:
 def split_drafter_switch(spec: str) -> tuple[str, dict]:
     """Ablation switches of a trained hidden-state drafter, spelled DIR:SWITCH:
     "DIR:noreuse" -> (DIR, {"reuse": False}); "DIR:fresh2" -> (DIR, {"fresh_slots": 2});
-    "DIR:nopv" -> (DIR, {"pre_verifier": False}); for HiSpec exit heads "DIR:buffer4" ->
-    (DIR, {"buffer": 4})."""
+    "DIR:nopv" -> (DIR, {"pre_verifier": False}); "DIR:stale" -> (DIR, {"stale_logits": True});
+    for HiSpec exit heads "DIR:buffer4" -> (DIR, {"buffer": 4})."""
     head, _, switch = spec.rpartition(":")
     if head and switch == "noreuse":
         return head, {"reuse": False}
     if head and switch == "nopv":
         return head, {"pre_verifier": False}
+    if head and switch == "stale":
+        return head, {"stale_logits": True}
     if head and switch.startswith("buffer") and switch[6:].isdigit():
         return head, {"buffer": int(switch[6:])}
     if head and switch.startswith("fresh") and switch[5:].isdigit():

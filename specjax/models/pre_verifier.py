@@ -10,9 +10,9 @@ log-probability and entropy, the node's rank among its siblings, its depth), so 
 shape serves every drafter kind (draft model, self-draft, HiSpec's draft exit, eagle, mdc); each
 drafter gets its own trained weights. The product of these probabilities along a path predicts
 that the whole path is accepted; the engine keeps the nodes whose predicted path probability
-reaches `threshold` and verifies the smallest static node bucket that holds them
-(specjax.pre_verify). It decides only how much is drafted and verified, never what is accepted:
-the output distribution is the target's whatever it predicts.
+reaches the threshold for the tree's size (`keep_logp`) and verifies the smallest static node
+bucket that holds them (specjax.pre_verify). It decides only how much is drafted and
+verified, never what is accepted: the output distribution is the target's whatever it predicts.
 
 Network: SpecDec++'s acceptance head shape (residual blocks x + SiLU(Wx) between an input and an
 output projection) over the features below.
@@ -47,7 +47,11 @@ class PreVerifierConfig:
     target's measured cost of verifying n nodes (specjax.autotune's t(N)): when given, each step
     verifies the bucket with the most expected tokens per second over the batch, keeping the
     nodes most likely to be accepted (above the threshold); () -> the smallest bucket that holds
-    every node above the threshold."""
+    every node above the threshold. budget_thresholds: ((n, threshold), ...) the threshold that
+    replayed best when pruning a dynamic tree of n draft nodes (train_pre_verifier.py); a tree of
+    N draft nodes uses the entry with the largest n <= N (the smallest n's entry when none is),
+    because one threshold cannot suit every budget: a large tree keeps many unlikely nodes at a
+    threshold that suits a small one. () -> `threshold` for every tree."""
 
     hidden: int = 32
     blocks: int = 2
@@ -56,10 +60,20 @@ class PreVerifierConfig:
     block: int = 1
     buckets: tuple[int, ...] = ()
     costs: tuple[tuple[int, float], ...] = ()
+    budget_thresholds: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self):
         if not 0.0 <= self.threshold < 1.0:
             raise ValueError(f"pre-verifier threshold must be in [0, 1), got {self.threshold}")
+        for n, t in self.budget_thresholds:
+            if n < 1 or not 0.0 <= t < 1.0:
+                raise ValueError(
+                    "pre-verifier budget_thresholds need n >= 1 and a threshold in [0, 1), "
+                    f"got ({n}, {t})"
+                )
+        budgets = [n for n, _ in self.budget_thresholds]
+        if len(set(budgets)) != len(budgets):
+            raise ValueError(f"pre-verifier budget_thresholds repeat a budget: {budgets}")
         if self.block < 1 or self.hidden < 1 or self.max_depth < 1:
             raise ValueError("pre-verifier hidden, max_depth and block must be >= 1")
         if any(b < 1 for b in self.buckets):
@@ -117,6 +131,22 @@ class PreVerifier(nnx.Module):
         value = np.log(threshold) if threshold > 0 else -np.inf
         self.threshold_logp.set_value(jnp.float32(value))
 
+    def threshold_for(self, draft_nodes: int) -> float:
+        """The keep threshold for a tree of `draft_nodes` nodes (root excluded)."""
+        table = sorted(self.shape.budget_thresholds)
+        if not table:
+            return self.config.threshold
+        fitting = [t for n, t in table if n <= draft_nodes]
+        return fitting[-1] if fitting else table[0][1]
+
+    def keep_logp(self, num_nodes: int) -> jax.Array:
+        """The log keep threshold on predicted path probabilities for a tree of num_nodes nodes
+        (root included; static): the traced threshold_logp, or the trained one for that budget."""
+        if not self.shape.budget_thresholds:
+            return self.threshold_logp[...]
+        t = self.threshold_for(num_nodes - 1)
+        return jnp.float32(np.log(t) if t > 0 else -np.inf)
+
     def logits(self, stats: jax.Array) -> jax.Array:
         """stats [..., S] -> [...] logit of P(accepted | parent accepted)."""
         x = self.proj_in(features(stats.astype(jnp.float32), self.shape.max_depth))
@@ -129,10 +159,14 @@ class PreVerifier(nnx.Module):
         return jax.nn.log_sigmoid(self.logits(stats))
 
     def with_settings(self, **changes) -> PreVerifier:
-        """A copy with the same weights and other settings (threshold, block, buckets)."""
-        fields = {"threshold", "block", "buckets", "costs"}
+        """A copy with the same weights and other settings (threshold, block, buckets). A new
+        threshold applies to every tree: it drops the trained budget_thresholds unless they are
+        given too."""
+        fields = {"threshold", "block", "buckets", "costs", "budget_thresholds"}
         if not set(changes) <= fields:
             raise ValueError(f"only {sorted(fields)} can change on a trained pre-verifier")
+        if "threshold" in changes:
+            changes.setdefault("budget_thresholds", ())
         config = dataclasses.replace(self.config, **changes)  # validates
         copy = nnx.clone(self)  # its own variables: the original keeps its threshold
         copy.shape = dataclasses.replace(config, threshold=0.0)
@@ -177,6 +211,9 @@ def load_pre_verifier(folder: str | Path) -> PreVerifier:
     cfg = dict(header["config"])
     cfg["buckets"] = tuple(cfg.get("buckets", ()))
     cfg["costs"] = tuple((int(n), float(t)) for n, t in cfg.get("costs", ()))
+    cfg["budget_thresholds"] = tuple(
+        (int(n), float(t)) for n, t in cfg.get("budget_thresholds", ())
+    )
     try:
         config = PreVerifierConfig(**cfg)
     except (TypeError, ValueError) as e:
