@@ -38,9 +38,10 @@ VARIANTS = ["mdc", "mdc2", "eagle"]
 
 def make_drafter(kind, target, seed=0, reuse=True, scale=1.0, fresh_slots=1):
     """A random drafter of kind "mdc", "mdc2" or "eagle", optionally "-fused" (e.g.
-    "mdc2-fused"); mdc recomputes
+    "mdc2-fused"; "-stale" for mdc's stale-plus-fresh logits); mdc recomputes
     only the root's slot (fresh_slots=1), so that shallow test trees still reuse much of the
     chain."""
+    kind, stale = kind.removesuffix("-stale"), kind.endswith("-stale")
     kind, fused = kind.removesuffix("-fused"), kind.endswith("-fused")
     path_tokens = 2 if kind == "mdc2" else 1
     kind = kind.removesuffix("2")
@@ -59,7 +60,9 @@ def make_drafter(kind, target, seed=0, reuse=True, scale=1.0, fresh_slots=1):
     if kind == "mdc":  # a readout MLP that is not the identity
         down = net.readout_down
         down.set_value(jax.random.normal(jax.random.key(seed + 1), down.shape) / down.shape[0])
-        return HiddenStateDrafter(net, target, reuse=reuse, fresh_slots=fresh_slots)
+        return HiddenStateDrafter(
+            net, target, reuse=reuse, fresh_slots=fresh_slots, stale_logits=stale
+        )
     return EagleDrafter(net, target)
 
 
@@ -80,6 +83,7 @@ def tiny_target():
         pytest.param("mdc2", True, marks=pytest.mark.slow),
         pytest.param("mdc", False, marks=pytest.mark.slow),
         pytest.param("mdc2", False, marks=pytest.mark.slow),
+        pytest.param("mdc-stale", True, marks=pytest.mark.slow),
     ],
 )
 def test_greedy_equals_generate_ragged_batch(tiny_target, kind, reuse):
@@ -234,21 +238,16 @@ def test_reuse_serves_tokens_and_saves_chain_calls(tiny_target):
     assert stats[True]["accepted"][:, :-1].sum() > 0  # rejections happened: reuse was possible
 
 
-def test_stale_logits_change_the_tree_and_not_the_output(tiny_target):
+def test_stale_logits_change_the_tree(tiny_target):
     """The stale-plus-fresh variant: after a rejection the recomputed slots' draft distribution
-    mixes in the carried (stale) hidden state, so the trees differ from the fresh-only ones;
-    the output stays the target's."""
+    mixes in the carried (stale) hidden state, so the trees differ from the fresh-only ones
+    (greedy output: test_greedy_equals_generate_ragged_batch, mdc-stale)."""
     from specjax.drafters.base import RootContext
     from specjax.speculative import SteppedRun
 
     prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9], [3]]
-    drafter = make_drafter("mdc", tiny_target, fresh_slots=3)
-    drafter.stale_logits = True
+    drafter = make_drafter("mdc-stale", tiny_target, fresh_slots=3)
     cfg = SpecConfig(tree=TreeConfig.dynamic(9, 4, 3))
-    ref = specjax.generate(tiny_target, prompts, max_new_tokens=24)
-    out = specjax.speculative_generate(tiny_target, drafter, prompts, max_new_tokens=24, config=cfg)
-    np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
-
     run = SteppedRun(tiny_target, drafter, prompts, max_new_tokens=24, config=cfg)
     for _ in range(3):
         run.step()
