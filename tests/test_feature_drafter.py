@@ -5,6 +5,8 @@ Random drafters are used here (any drafter must be lossless); trained ones are m
 experiments/drafters.py and checked for greedy equality by the slow tests in test_drafters_real.py.
 """
 
+import dataclasses
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -370,6 +372,53 @@ def test_training_lowers_the_loss(tiny_target, kind):
     if lower:
         moved = np.abs(np.asarray(drafter.net.fusion_fc[...]) - before).max()
         assert moved > 1e-3
+
+
+def test_training_resumes_where_it_stopped(tiny_target, tmp_path, monkeypatch):
+    """A run stopped after a progress save and started again with the same folder ends with the
+    same weights as an unbroken run; a folder from a run with other settings is refused."""
+    from specjax.train import trainer
+    from specjax.train.data import teacher_forced_hidden
+
+    rng = np.random.default_rng(2)
+    tokens = rng.integers(1, 16, size=(16, 16)).astype(np.int32)
+    graphdef, params = nnx.split(tiny_target)
+    data = Dataset(
+        tokens=tokens,
+        feats=np.asarray(teacher_forced_hidden(graphdef, params, jnp.asarray(tokens)), np.float16),
+        lengths=rng.integers(8, 17, size=16).astype(np.int32),
+        prompt_lens=np.full(16, 3, np.int32),
+    )
+    cfg = TrainConfig(steps=6, batch=4, warmup=2, levels=2, feature_noise=0.1)
+    parts = target_parts(tiny_target, np.arange(tiny_target.config.vocab_size))
+
+    def weights(net):
+        return jax.tree.map(np.asarray, nnx.to_pure_dict(nnx.state(net, nnx.Param)))
+
+    unbroken = make_drafter("mdc", tiny_target, seed=5)
+    train(unbroken.net, parts, data, cfg, log=None)
+
+    real_save = trainer.save_progress
+
+    def save_then_stop(folder, **kw):
+        real_save(folder, **kw)
+        if kw["step"] == 3:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(trainer, "save_progress", save_then_stop)
+    folder = tmp_path / "progress"
+    stopped = make_drafter("mdc", tiny_target, seed=5)
+    with pytest.raises(KeyboardInterrupt):
+        train(stopped.net, parts, data, cfg, log=None, resume_dir=folder, save_every_s=0)
+    resumed = make_drafter("mdc", tiny_target, seed=5)
+    lines = []
+    summary = train(resumed.net, parts, data, cfg, log=lines.append, resume_dir=folder)
+    assert lines == [f"[train] resuming from step 3 of 6 ({folder})"]
+    assert [h["step"] for h in summary["history"]] == [0, 5]
+    chex.assert_trees_all_close(weights(resumed.net), weights(unbroken.net), rtol=1e-6, atol=1e-7)
+    other = dataclasses.replace(cfg, lr=cfg.lr / 2)
+    with pytest.raises(ValueError, match="other settings or data"):
+        train(make_drafter("mdc", tiny_target).net, parts, data, other, resume_dir=folder)
 
 
 @pytest.mark.slow

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import dataclasses
+import shutil
 import time
 from pathlib import Path
 
@@ -169,8 +170,19 @@ def train_drafter(
         target=target,
         input_scale=feature_scale(data),
     )
-    summary = train(net, target_parts(target, net.draft_vocab[...]), data, recipe.train, log=log)
+    # Progress saved beside the output every 10 minutes: a stopped run started again with the
+    # same command continues from there (specjax.train.resume).
+    resume_dir = Path(out_dir).with_name(Path(out_dir).name + ".resume")
+    summary = train(
+        net,
+        target_parts(target, net.draft_vocab[...]),
+        data,
+        recipe.train,
+        log=log,
+        resume_dir=resume_dir,
+    )
     save_drafter(net, out_dir, target_name=name, target=target)
+    shutil.rmtree(resume_dir, ignore_errors=True)
     log(f"[train-drafter] saved to {out_dir}; measuring tau")
     drafter = load_drafter(out_dir, target)
     what, prompts = eval_prompts(loaded, recipe.data_kind, eval_n)

@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -40,6 +42,7 @@ from specjax.models.drafter import (
 )
 from specjax.sharding import check_batch, check_mesh, place_rows, replicate
 from specjax.train.data import Dataset
+from specjax.train.resume import load_progress, save_progress
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -238,9 +241,16 @@ def train(
     log=print,
     *,
     mesh=None,
+    resume_dir: str | Path | None = None,
+    save_every_s: float = 600.0,
 ):
     """Train net in place; returns a summary dict (steps, wall seconds, tokens seen, last
     metrics). Shows a progress bar with the loss, level-0 agreement and tokens/s.
+
+    resume_dir: where the run's progress is saved every save_every_s seconds
+    (specjax.train.resume); a run started again with the same folder, settings and data
+    continues from the last save, with the same batches and noise as an unbroken run (the
+    stream and the per-step keys depend only on the seed and the step). None: no saves.
 
     mesh: data-parallel training on a ('data', 'model') mesh (specjax.make_mesh): the drafter,
     its optimizer state and the target parts are replicated, every batch's rows are split over
@@ -256,12 +266,33 @@ def train(
     graphdef, params, rest = nnx.split(net, nnx.Param, ...)
     optimizer = make_optimizer(cfg)
     opt = optimizer.init(params)
+    start, seen, history, wall_before = 0, 0, [], 0.0
+    fingerprint = json.dumps(
+        [dataclasses.asdict(cfg), repr(net.config), len(data.lengths), int(data.answer_tokens)]
+    )
+    if resume_dir is not None:
+        saved = load_progress(resume_dir, fingerprint=fingerprint, like=(params, opt))
+        if saved is not None:
+            info, (params, opt) = saved
+            start, seen, history = info["step"], info["seen"], info["history"]
+            wall_before = info["wall_s"]
+            if log is not None:
+                log(f"[train] resuming from step {start} of {cfg.steps} ({resume_dir})")
     if mesh is not None:
         params, rest, opt, parts = replicate((params, rest, opt, parts), mesh)
     scale = jnp.float32(feature_scale(data))
     stream = batches(data, cfg.batch, cfg.seed)
-    bar = tqdm(range(cfg.steps), desc=f"train {net.config.kind}", unit="step")
-    t0, seen, history = time.perf_counter(), 0, []
+    for _ in range(start):  # the batches the saved steps consumed
+        next(stream)
+    bar = tqdm(
+        range(start, cfg.steps),
+        desc=f"train {net.config.kind}",
+        unit="step",
+        initial=start,
+        total=cfg.steps,
+    )
+    t0 = last_save = time.perf_counter()
+    seen_before = seen
     metrics = {}
     noise_key = jax.random.key(cfg.seed)
     for step in bar:
@@ -287,12 +318,19 @@ def train(
             bar.set_postfix(
                 loss=f"{m['loss']:.3f}",
                 acc0=f"{m['acc0']:.3f}",
-                tok_s=f"{seen / (time.perf_counter() - t0):.0f}",
+                tok_s=f"{(seen - seen_before) / (time.perf_counter() - t0):.0f}",
             )
+        now = time.perf_counter()
+        if resume_dir is not None and step + 1 < cfg.steps and now - last_save >= save_every_s:
+            save_progress(
+                resume_dir, step=step + 1, seen=seen, wall_s=wall_before + now - t0,
+                history=history, fingerprint=fingerprint, state=(params, opt),
+            )  # fmt: skip
+            last_save = time.perf_counter()
     nnx.update(net, params)
     return {
         "steps": cfg.steps,
-        "wall_s": time.perf_counter() - t0,
+        "wall_s": wall_before + time.perf_counter() - t0,
         "answer_tokens_seen": seen,
         "final": {k: float(v) for k, v in metrics.items()},
         "history": history,
