@@ -68,6 +68,27 @@ def make_drafter(kind, target, seed=0, reuse=True, scale=1.0, fresh_slots=1):
     return EagleDrafter(net, target)
 
 
+def proposer_after(target, drafter, prompts, cfg, steps, max_new_tokens=24):
+    """(engine state, propose) after `steps` speculative steps: propose() drafts a greedy tree
+    from that state with the drafter's settings at the time of the call."""
+    from specjax.drafters.base import RootContext
+    from specjax.speculative import SteppedRun
+
+    run = SteppedRun(target, drafter, prompts, max_new_tokens=max_new_tokens, config=cfg)
+    for _ in range(steps):
+        run.step()
+    s = run.state
+    ctx = RootContext(root=s.root, prev=s.prev, lengths=s.verifier_state.lengths)
+
+    def propose():
+        tree, _ = drafter.propose(
+            s.drafter_state, target, ctx, s.keys, config=cfg, sampling=SamplingConfig()
+        )
+        return tree
+
+    return s, propose
+
+
 @pytest.fixture(scope="module")
 def tiny_target():
     return specjax.Llama(TINY, rngs=nnx.Rngs(0))
@@ -244,23 +265,14 @@ def test_stale_logits_change_the_tree(tiny_target):
     """The stale-plus-fresh variant: after a rejection the recomputed slots' draft distribution
     mixes in the carried (stale) hidden state, so the trees differ from the fresh-only ones
     (greedy output: test_greedy_equals_generate_ragged_batch, mdc-stale)."""
-    from specjax.drafters.base import RootContext
-    from specjax.speculative import SteppedRun
-
     prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9], [3]]
     drafter = make_drafter("mdc-stale", tiny_target, fresh_slots=3)
     cfg = SpecConfig(tree=TreeConfig.dynamic(9, 4, 3))
-    run = SteppedRun(tiny_target, drafter, prompts, max_new_tokens=24, config=cfg)
-    for _ in range(3):
-        run.step()
-    s = run.state
-    ctx = RootContext(root=s.root, prev=s.prev, lengths=s.verifier_state.lengths)
+    s, propose = proposer_after(tiny_target, drafter, prompts, cfg, steps=3)
     trees = {}
     for stale in (False, True):
         drafter.stale_logits = stale
-        trees[stale], _ = drafter.propose(
-            s.drafter_state, tiny_target, ctx, s.keys, config=cfg, sampling=SamplingConfig()
-        )
+        trees[stale] = propose()
     assert np.asarray(s.drafter_state.chain_valid).any()  # slots were carried over
     assert not np.array_equal(np.asarray(trees[False].tokens), np.asarray(trees[True].tokens))
     with pytest.raises(ValueError, match="stale_logits"):

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from test_feature_drafter import make_drafter
+from test_feature_drafter import make_drafter, proposer_after
 from test_lossless_e2e import (
     CFG,
     N_ROWS,
@@ -34,7 +34,6 @@ from specjax.models.pre_verifier import (
     load_pre_verifier,
     save_pre_verifier,
 )
-from specjax.speculative import SteppedRun
 from specjax.train import pre_verifier as pvt
 from specjax.tree import NODE_STATS, ancestor_mask
 
@@ -137,15 +136,9 @@ def test_early_stopped_drafting_keeps_what_pruning_keeps(target):
     full expansion pruned afterwards keeps (drafting stops only where nothing deeper could be
     kept; the budget the stopped levels leave free may hold more shallow nodes), and it does
     stop early at a high threshold."""
-    from specjax.drafters.base import RootContext
-
     drafter = make_drafter("eagle", target)
     cfg = SpecConfig(tree=TreeConfig.dynamic(15, 5, 3))
-    run = SteppedRun(target, drafter, PROMPTS, max_new_tokens=12, config=cfg)
-    for _ in range(2):
-        run.step()
-    s = run.state
-    ctx = RootContext(root=s.root, prev=s.prev, lengths=s.verifier_state.lengths)
+    _, propose = proposer_after(target, drafter, PROMPTS, cfg, steps=2, max_new_tokens=12)
     live = jnp.ones(len(PROMPTS), bool)
     pv = random_pre_verifier(0.0, seed=7)
     depths = []
@@ -154,9 +147,7 @@ def test_early_stopped_drafting_keeps_what_pruning_keeps(target):
         trees = {}
         for stop in (False, True):
             drafter.pre_verifier = pv if stop else None
-            trees[stop], _ = drafter.propose(
-                s.drafter_state, target, ctx, s.keys, config=cfg, sampling=SamplingConfig()
-            )
+            trees[stop] = propose()
         drafter.pre_verifier = None
         for full, stopped in zip(
             *(kept_nodes(trees[k], pv, live) for k in (False, True)), strict=True
@@ -292,15 +283,8 @@ def test_budget_thresholds_prune_each_tree_at_its_own_threshold(tmp_path, target
 
     drafter = make_drafter("eagle", target)
     cfg = SpecConfig(tree=TreeConfig.dynamic(9, 4, 3))  # 9 draft nodes: budget 7's 0.2
-    run = SteppedRun(target, drafter, PROMPTS, max_new_tokens=12, config=cfg)
-    run.step()
-    s = run.state
-    from specjax.drafters.base import RootContext
-
-    ctx = RootContext(root=s.root, prev=s.prev, lengths=s.verifier_state.lengths)
-    tree, _ = drafter.propose(
-        s.drafter_state, target, ctx, s.keys, config=cfg, sampling=SamplingConfig()
-    )
+    _, propose = proposer_after(target, drafter, PROMPTS, cfg, steps=1, max_new_tokens=12)
+    tree = propose()
     live = jnp.ones(len(PROMPTS), bool)
     kept = {t: np.asarray(pre_verify.keep_mask(tree, pv.with_settings(threshold=t), live, 4))
             for t in (0.02, 0.2)}  # fmt: skip
