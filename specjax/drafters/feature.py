@@ -84,6 +84,9 @@ class FeatureDrafter(nnx.Module):
 
     samples_children = False  # children are top-k: sampled decoding uses the one-hot tree rule
     dynamic_trees = True  # chooses the topology within the TreeConfig's budget
+    # Whether a step computes a chain to the tree's full depth before expanding it, so that a
+    # pre-verifier's early stop saves only the expansions (mdc's hidden-state chain).
+    chain_to_full_depth = False
 
     def __init__(self, net: DrafterNet, target):
         self.net = net
@@ -339,6 +342,8 @@ class HiddenStateDrafter(FeatureDrafter):
     just rejected; recomputing the first few trades a few layer calls for fresher hidden states
     where acceptance matters most (the trade is measured in experiments/results/drafters.md).
     fresh_slots=0 reuses every valid slot, fresh_slots >= depth is the same as reuse=False.
+    The chain is completed to the tree's depth before the tree is expanded, so a pre-verifier's
+    early stop does not save its layer calls (chain_to_full_depth).
 
     stale_logits: the paper's variant for the slots recomputed after a rejection: the draft
     distribution there reads both hidden states, the fresh one and the stale one carried from
@@ -346,6 +351,8 @@ class HiddenStateDrafter(FeatureDrafter):
     with the same parent tokens injected (the public notes say the stale logits are added to the
     fresh ones; the mean keeps the same ranking of children and a distribution of the usual
     sharpness). It costs a second readout at those slots and never a layer call."""
+
+    chain_to_full_depth = True
 
     def __init__(
         self,
