@@ -49,8 +49,9 @@ from specjax.tree import causal_mask
 
 DEFAULT_NODES = (1, 2, 4, 8, 16, 32, 64)
 DEFAULT_CONTEXT = 256  # committed positions before the measured block
-FORMAT_VERSION = 6  # 3: no pre-verifier in costs; 4: overhead may be unknown; 5: AR step loop;
-# 6: candidate steps as paired ratios to plain decoding
+FORMAT_VERSION = 7  # 3: no pre-verifier in costs; 4: overhead may be unknown; 5: AR step loop;
+# 6: candidate steps as paired ratios to plain decoding; 7: t(N) timed in interleaved rounds
+VERIFY_CALL_S = 0.2  # seconds a timed call of the target over N nodes lasts (several iterations)
 AR_TOKENS = 33  # decoding room of the plain-decoding state timed (generate's for 33 tokens)
 STATIC_DRAFT_NODES = (2, 4, 8, 16, 32, 64)
 COST_NEW_TOKENS = 4  # max_new_tokens of the speculative states steps are timed in
@@ -154,7 +155,13 @@ def measure_verify_costs(
     0, unknown). stop_ratio > 0: the grid stops after the first N with t(N) >= stop_ratio x
     t(1) (the larger counts are not measured; t_verify extrapolates past the last point):
     SpecConfig.auto() passes twice the best tau any candidate tree can reach, so no tree that
-    large could beat plain decoding (at 32 rows, t(64) alone took ~17 s on a 2-core CPU)."""
+    large could beat plain decoding (at 32 rows, t(64) alone took ~17 s on a 2-core CPU).
+
+    The grid is timed in rounds, one call of every N per round (the first round also decides
+    where the grid stops), and each t(N) is the median over the rounds: a slow spell of the
+    machine then lands on every N alike instead of on the few N timed while it lasted (timed
+    one N after another, two idle measurements of SmolLM2's t(1) gave 31 and 55 ms, and t(4)
+    came out below t(1))."""
     nodes = tuple(sorted(set(int(n) for n in nodes)))
     if not nodes or nodes[0] < 1:
         raise ValueError(f"nodes must be positive ints, got {nodes}")
@@ -177,20 +184,29 @@ def measure_verify_costs(
         new_token = jnp.argmax(out.logits[:, -1], axis=-1).astype(jnp.int32)
         return out.cache.replace(lengths=cache.lengths), new_token
 
-    seconds = []
+    loops, samples = [], []  # the first round: compile, size and time each N once
     for i, n in enumerate(nodes):
         if progress is not None:
             progress(f"measuring target cost: {n} node(s) ({i + 1}/{len(nodes)})")
         body = functools.partial(forward, n=n)
         init = (cache, jnp.ones((batch,), jnp.int32))
-        seconds.append(seconds_per_iteration(body, params, init, reps=reps))
-        if stop_ratio > 0 and i > 0 and seconds[-1] >= stop_ratio * seconds[0]:
+        loops.append(sized_loop(body, params, init, VERIFY_CALL_S))
+        samples.append([loops[-1].per_iteration()])
+        first = [x[0] for x in samples]
+        if stop_ratio > 0 and i > 0 and first[-1] >= stop_ratio * first[0]:
             if progress is not None and i + 1 < len(nodes):
                 progress(
-                    f"target cost at {n} nodes is {seconds[-1] / seconds[0]:.1f}x one node's: "
+                    f"target cost at {n} nodes is {first[-1] / first[0]:.1f}x one node's: "
                     "no larger tree can pay, the grid stops here"
                 )
             break
+    # the other rounds; an N whose calls are long gets fewer (~3 s of its calls at most)
+    wanted = [max(1, min(reps, int(3.0 / (t.single * t.n)))) for t in loops]
+    for r in range(1, reps):
+        for timed, got, want in zip(loops, samples, wanted, strict=True):
+            if r < want:
+                got.append(timed.per_iteration())
+    seconds = [float(np.median(x)) for x in samples]
     key = cost_key(target, batch=batch, context=context)
     ar = 0.0
     if with_ar:

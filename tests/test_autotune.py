@@ -94,6 +94,31 @@ def test_grid_stops_where_no_larger_tree_can_pay(tiny_target, tmp_path):
     assert whole.nodes == (1, 2, 4, 8) and len(lines) == 4
 
 
+def test_grid_is_timed_in_interleaved_rounds(tiny_target, monkeypatch):
+    """Every N is timed once per round, round after round, and t(N) is the median of its
+    rounds: a slow spell (here the whole second round) does not move any t(N)."""
+    calls = []
+
+    class FakeLoop:
+        def __init__(self, n_nodes):
+            self.n_nodes, self.single, self.n = n_nodes, 1e-3, 1
+
+        def per_iteration(self):
+            calls.append(self.n_nodes)
+            slow = len(calls) in range(4, 7)  # the three calls of the second round
+            return self.n_nodes * 1e-3 * (100 if slow else 1)
+
+    def fake_sized_loop(body, params, init, call_s):
+        return FakeLoop(body.keywords["n"])
+
+    monkeypatch.setattr(autotune, "sized_loop", fake_sized_loop)
+    costs = autotune.measure_verify_costs(
+        tiny_target, context=16, nodes=(1, 2, 4), reps=3, with_ar=False
+    )
+    assert calls == [1, 2, 4] * 3
+    np.testing.assert_allclose(costs.seconds, (1e-3, 2e-3, 4e-3))
+
+
 def test_key_follows_the_weights(tiny_target):
     other = specjax.Llama(TINY, rngs=nnx.Rngs(1))
     assert autotune.cost_key(tiny_target, batch=1, context=16) != autotune.cost_key(
