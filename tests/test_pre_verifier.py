@@ -278,6 +278,10 @@ def test_budget_thresholds_prune_each_tree_at_its_own_threshold(tmp_path, target
     assert load_pre_verifier(tmp_path / "pv").config.budget_thresholds == table
     plain = pv.with_settings(threshold=0.3)
     assert plain.config.budget_thresholds == () and plain.threshold_for(31) == 0.3
+    in_place = pv.with_settings(block=1)
+    assert in_place.config.budget_thresholds == table
+    in_place.set_threshold(0.4)
+    assert in_place.config.budget_thresholds == () and in_place.threshold_for(31) == 0.4
     with pytest.raises(ValueError, match="repeat"):
         pv.with_settings(budget_thresholds=((4, 0.1), (4, 0.2)))
 

@@ -107,8 +107,8 @@ class Threshold(nnx.Variable):
 class PreVerifier(nnx.Module):
     """P(node accepted | parent accepted) from the node's drafting statistics.
 
-    The network shape, max_depth, block and buckets are static (part of the compiled program);
-    the threshold is a Threshold variable (set_threshold)."""
+    The network shape, max_depth, block, buckets and the per-budget thresholds are static (part
+    of the compiled program); the single threshold is a Threshold variable (set_threshold)."""
 
     def __init__(self, config: PreVerifierConfig = PreVerifierConfig(), *, rngs: nnx.Rngs):
         self.shape = dataclasses.replace(config, threshold=0.0)  # static part of the config
@@ -117,7 +117,7 @@ class PreVerifier(nnx.Module):
         self.blocks = nnx.List([nnx.Linear(h, h, rngs=rngs) for _ in range(config.blocks)])
         self.proj_out = nnx.Linear(h, 1, rngs=rngs)
         self.threshold_logp = Threshold(jnp.float32(0.0))
-        self.set_threshold(config.threshold)
+        self._store_threshold(config.threshold)
 
     @property
     def config(self) -> PreVerifierConfig:
@@ -126,7 +126,13 @@ class PreVerifier(nnx.Module):
         return dataclasses.replace(self.shape, threshold=round(t, 6))
 
     def set_threshold(self, threshold: float) -> None:
-        """Keep nodes whose predicted path probability is at least `threshold` (in [0, 1))."""
+        """Keep nodes whose predicted path probability is at least `threshold` (in [0, 1)), at
+        every tree size: it replaces the trained per-budget thresholds, if any."""
+        self._store_threshold(threshold)
+        if self.shape.budget_thresholds:
+            self.shape = dataclasses.replace(self.shape, budget_thresholds=())
+
+    def _store_threshold(self, threshold: float) -> None:
         PreVerifierConfig(threshold=threshold)  # validates
         value = np.log(threshold) if threshold > 0 else -np.inf
         self.threshold_logp.set_value(jnp.float32(value))
@@ -170,7 +176,7 @@ class PreVerifier(nnx.Module):
         config = dataclasses.replace(self.config, **changes)  # validates
         copy = nnx.clone(self)  # its own variables: the original keeps its threshold
         copy.shape = dataclasses.replace(config, threshold=0.0)
-        copy.set_threshold(config.threshold)
+        copy._store_threshold(config.threshold)
         return copy
 
 
