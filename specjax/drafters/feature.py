@@ -378,14 +378,12 @@ class HiddenStateDrafter(FeatureDrafter):
         [B, Dp, M] the carried hidden states before recomputation, recomputed_stale [B, Dp] bool:
         slots recomputed although a carried one was valid)."""
         net, cache = self.net, state.cache
-        stale = state.chain_h
-        recomputed_stale = state.chain_valid & self.reuse
         s = cache.max_len
         ctx_mask = (jnp.arange(s)[None, :] < cache.lengths[:, None])[:, None, :]  # [B, 1, S]
         h, k_hist, v_hist = state.chain_h, state.chain_k, state.chain_v
         reusable = state.chain_valid if self.reuse else jnp.zeros_like(state.chain_valid)
         reusable = reusable.at[:, : self.fresh_slots].set(False)
-        recomputed_stale = recomputed_stale & ~reusable
+        stale, recomputed_stale = h, state.chain_valid & ~reusable  # (used with reuse only)
         calls = jnp.zeros_like(state.chain_calls)
         for d in range(depth):
             # The first slot starts from the target's own last hidden state and the root token;
