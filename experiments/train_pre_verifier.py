@@ -105,23 +105,18 @@ def main() -> None:
     topks = sorted({topk, *(k for _, _, k in FIXED_TREES)})
     draft = autotune.draft_costs(target.model, drafter, verify, topks=tuple(topks))
 
-    def drafting(k: int, tree_depth: int):
-        """Seconds to draft d levels of a top-k dynamic tree tree_depth deep. A drafter whose
-        chain is computed to the tree's full depth before the expansion (mdc: an early stop
-        saves only the expansions) is charged the full depth: an upper bound, so that the replay
-        does not credit pruning with drafting it does not save."""
-        full = drafter.chain_to_full_depth
-        return lambda levels: draft.t_draft(
-            TreeConfig.dynamic(nodes, tree_depth if full else levels, k)
-        )
+    def drafting(k: int):
+        """Seconds to draft d levels of a top-k dynamic tree (a stopped drafter runs only the
+        levels it reached, the mdc chain included)."""
+        return lambda levels: draft.t_draft(TreeConfig.dynamic(nodes, levels, k))
 
-    t_draft = drafting(topk, depth)
+    t_draft = drafting(topk)
     sims = [pvt.simulate(None, held_rec, 0.0, t_verify=verify.t_verify, t_draft=t_draft)]
     sims += [pvt.simulate(pv, held_rec, t, t_verify=verify.t_verify, t_draft=t_draft)
              for t in THRESHOLDS]  # fmt: skip
     fixed, pruned = {}, {}
     for tree in FIXED_TREES:
-        costs = dict(t_verify=verify.t_verify, t_draft=drafting(tree[2], tree[1]))
+        costs = dict(t_verify=verify.t_verify, t_draft=drafting(tree[2]))
         fixed[tree] = pvt.simulate_fixed(held_rec, tree, **costs)
         pruned[tree] = max(
             (pvt.simulate(pv, held_rec, t, base=tree, **costs) for t in THRESHOLDS[1:]),

@@ -238,7 +238,8 @@ def expand_topk(
     topk: int,
     num_nodes: int,
     stop=None,
-) -> tuple[DraftTree, jax.Array]:
+    shared=None,
+):
     """EAGLE-2 style dynamic tree with static shapes.
 
     Starting from the root, for `depth` levels: the W = `width` frontier nodes of the level are
@@ -257,6 +258,11 @@ def expand_topk(
         hand to those children (pytree with leading [B, W]); expand_topk gathers them along the
         W axis for the next frontier, so per-slot histories (e.g. a small KV cache) follow their
         node. Called `depth` times (traced once inside a lax.scan).
+        With `shared` given, step(states, tokens, shared, level) -> (logprobs, child_states,
+        shared): `shared` is a per-row pytree (leading axis [B]) threaded through the levels,
+        and `level` the traced depth of the frontier being expanded (0 at the root). A drafter
+        keeps there what it computes once per level rather than per node (the mdc chain), so
+        that levels an early stop never reaches are never computed.
     root_state: pytree with leading axis [B]; root_tokens [B] int.
     stop: None, or (node_logp, threshold_logp, block) for drafting that stops early (PACER):
         node_logp(stats [B, X, len(NODE_STATS)]) -> [B, X] predicted log P(node accepted |
@@ -265,12 +271,13 @@ def expand_topk(
         -inf), and the levels loop (a lax.while_loop) ends when every row has stopped. Whether
         a row stops depends only on the drafter's outputs, never on the target's.
 
-    Returns (tree, scores): a DraftTree of num_nodes nodes in level (BFS) order -- parents before
-    children, siblings in the order of their parents, then by decreasing score -- with
-    draft_prob = q_parent(token) (exp of the step's log-probability), draft_dist None (the
-    children are deterministic: use the one-hot rule) and node_stats (NODE_STATS), and scores
-    [B, N] the cumulative log-probabilities (0 for the root). Slots that cannot be filled with a
-    finite-score node are invalid (parent 0, depth 1) and come after all valid nodes.
+    Returns (tree, scores, shared): a DraftTree of num_nodes nodes in level (BFS) order --
+    parents before children, siblings in the order of their parents, then by decreasing score --
+    with draft_prob = q_parent(token) (exp of the step's log-probability), draft_dist None (the
+    children are deterministic: use the one-hot rule) and node_stats (NODE_STATS); scores [B, N]
+    the cumulative log-probabilities (0 for the root); and `shared` after the last level run
+    (None when not given). Slots that cannot be filled with a finite-score node are invalid
+    (parent 0, depth 1) and come after all valid nodes.
     """
     b = root_tokens.shape[0]
     w, k, n = width, topk, num_nodes
@@ -288,8 +295,11 @@ def expand_topk(
     fpi = jnp.zeros((b, w), jnp.float32)  # predicted path log-probability (early stop only)
 
     def level(carry, d):
-        states, tokens, scores, fpool, fpi = carry
-        logp, child_states = step(states, tokens)
+        states, tokens, scores, fpool, fpi, shared = carry
+        if shared is None:
+            logp, child_states = step(states, tokens)
+        else:
+            logp, child_states, shared = step(states, tokens, shared, d)
         logp = logp.astype(jnp.float32)
         vals, toks = jax.lax.top_k(logp, k)  # [B, W, k]
         c_stats = children_stats(vals, scores, logp, d + 1).reshape(b, wk, n_stats)
@@ -314,14 +324,16 @@ def expand_topk(
             jnp.take_along_axis(c_scores, idx, axis=1),
             (d * wk + idx).astype(jnp.int32),
             fpi if stop is None else jnp.take_along_axis(c_pi.reshape(b, wk), idx, axis=1),
+            shared,
         )
         return new, (c_tokens, c_scores, c_parent, c_logp, c_stats)
 
-    carry = (states, tokens, scores, fpool, fpi)
+    carry = (states, tokens, scores, fpool, fpi, shared)
     if stop is None:
-        _, pool = jax.lax.scan(level, carry, jnp.arange(depth, dtype=jnp.int32))
+        carry, pool = jax.lax.scan(level, carry, jnp.arange(depth, dtype=jnp.int32))
     else:
-        pool = _levels_until_stopped(level, carry, depth, b, wk, n_stats, stop)
+        carry, pool = _levels_until_stopped(level, carry, depth, b, wk, n_stats, stop)
+    shared = carry[-1]
     # [D, B, W*k] -> [B, M] pool in level order, M = depth * W * k.
     p_tok, p_score, p_parent, p_logp = (
         jnp.moveaxis(x, 0, 1).reshape(b, depth * wk) for x in pool[:4]
@@ -381,13 +393,15 @@ def expand_topk(
         draft_dist=None,
         node_stats=jnp.concatenate([jnp.zeros((b, 1, n_stats), jnp.float32), s_stats], axis=1),
     )
-    return tree, with_root(0.0, jnp.where(s_valid, s_score, -jnp.inf).astype(jnp.float32))
+    scores = with_root(0.0, jnp.where(s_valid, s_score, -jnp.inf).astype(jnp.float32))
+    return tree, scores, shared
 
 
 def _levels_until_stopped(level, carry, depth: int, b: int, wk: int, n_stats: int, stop):
     """expand_topk's levels in a lax.while_loop that ends once every row has stopped (see
-    expand_topk's `stop`). Returns the pool [D, B, W*k] (x4) and [D, B, W*k, S] like the scan's;
-    levels never reached hold score -inf (they become invalid slots)."""
+    expand_topk's `stop`). Returns the carry after the last level run and the pool [D, B, W*k]
+    (x4) and [D, B, W*k, S] like the scan's; levels never reached hold score -inf (they become
+    invalid slots)."""
     node_logp, threshold_logp, block = stop
     del node_logp  # used inside `level`
     pool = (
@@ -406,7 +420,7 @@ def _levels_until_stopped(level, carry, depth: int, b: int, wk: int, n_stats: in
     def body(c):
         d, carry, pool, drafting = c
         new, out = level(carry, d)
-        states, tokens, scores, fpool, fpi = new
+        states, tokens, scores, fpool, fpi, shared = new
         # Rows that stopped earlier add nothing at this level.
         out = (
             out[0],
@@ -420,7 +434,7 @@ def _levels_until_stopped(level, carry, depth: int, b: int, wk: int, n_stats: in
         checked = (d + 1) % block == 0
         drafting = drafting & jnp.where(checked, hopeful, True)
         scores = jnp.where(drafting[:, None], scores, -jnp.inf)
-        return d + 1, (states, tokens, scores, fpool, fpi), pool, drafting
+        return d + 1, (states, tokens, scores, fpool, fpi, shared), pool, drafting
 
-    _, _, pool, _ = jax.lax.while_loop(cond, body, (jnp.int32(0), carry, pool, drafting))
-    return pool
+    _, carry, pool, _ = jax.lax.while_loop(cond, body, (jnp.int32(0), carry, pool, drafting))
+    return carry, pool

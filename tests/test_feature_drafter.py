@@ -70,7 +70,8 @@ def make_drafter(kind, target, seed=0, reuse=True, scale=1.0, fresh_slots=1):
 
 def proposer_after(target, drafter, prompts, cfg, steps, max_new_tokens=24):
     """(engine state, propose) after `steps` speculative steps: propose() drafts a greedy tree
-    from that state with the drafter's settings at the time of the call."""
+    from that state with the drafter's settings at the time of the call (propose(True): the
+    tree and the drafter's new state)."""
     from specjax.drafters.base import RootContext
     from specjax.speculative import SteppedRun
 
@@ -80,11 +81,11 @@ def proposer_after(target, drafter, prompts, cfg, steps, max_new_tokens=24):
     s = run.state
     ctx = RootContext(root=s.root, prev=s.prev, lengths=s.verifier_state.lengths)
 
-    def propose():
-        tree, _ = drafter.propose(
+    def propose(with_state=False):
+        tree, state = drafter.propose(
             s.drafter_state, target, ctx, s.keys, config=cfg, sampling=SamplingConfig()
         )
-        return tree
+        return (tree, state) if with_state else tree
 
     return s, propose
 

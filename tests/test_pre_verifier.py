@@ -159,6 +159,33 @@ def test_early_stopped_drafting_keeps_what_pruning_keeps(target):
     assert depths[-1] < 5, depths
 
 
+def test_early_stop_saves_the_mdc_chain_levels_it_never_reaches(target):
+    """mdc computes chain slot d when it expands level d: a stopped draft makes fewer chain
+    calls, leaves the slots it reached as the full expansion computes them, and marks the others
+    as not reusable by the next step."""
+    drafter = make_drafter("mdc", target, reuse=False)
+    depth = 5
+    cfg = SpecConfig(tree=TreeConfig.dynamic(12, depth, 2))
+    _, propose = proposer_after(target, drafter, PROMPTS, cfg, steps=2, max_new_tokens=12)
+    drafter.pre_verifier = None
+    _, full = propose(True)
+    np.testing.assert_array_equal(np.asarray(full.pending[:, 2]), depth)
+    assert np.asarray(full.chain_valid).all()
+    drafter.pre_verifier = random_pre_verifier(0.0, seed=7)
+    drafter.pre_verifier.set_threshold(0.95)
+    tree, stopped = propose(True)
+    drafter.pre_verifier = None
+    valid = np.asarray(tree.valid)
+    reached = int(np.max(np.where(valid, np.asarray(tree.depth), 0)))
+    levels = np.asarray(stopped.pending[:, 2])  # chain layer calls per row
+    assert (levels < depth).all() and (levels >= max(reached, 1)).all(), (levels, reached)
+    ready = np.asarray(stopped.chain_valid)
+    np.testing.assert_array_equal(ready, np.arange(depth)[None, :] < levels[:, None])
+    np.testing.assert_allclose(
+        np.asarray(stopped.chain_h)[ready], np.asarray(full.chain_h)[ready], rtol=1e-5, atol=1e-5
+    )
+
+
 def kept_nodes(tree, pv, live):
     """Per row, the sorted (depth, parent's token, token) of the nodes the pre-verifier keeps
     (the stopped run's trees come compacted, so nodes are compared by what they are)."""

@@ -171,7 +171,7 @@ def test_expand_topk(depth, width, topk, num_nodes):
     b = 4
     root_state = jnp.arange(b, dtype=jnp.int32) * 3
     root_tokens = jnp.asarray([1, 4, 0, 5], jnp.int32)
-    tree, scores = run_expand(
+    tree, scores, _ = run_expand(
         root_state, root_tokens, depth=depth, width=width, topk=topk, num_nodes=num_nodes
     )
     tok, par, dep, val, prob = (
@@ -235,7 +235,7 @@ def test_expand_topk_state_pytree_follows_its_node():
     b = 2
     hist0 = jnp.full((b, depth + 1), -1, jnp.int32)
     root_tokens = jnp.asarray([2, 3], jnp.int32)
-    tree, _ = expand_topk(
+    tree, _, _ = expand_topk(
         step,
         (hist0, jnp.zeros((b,), jnp.int32)),
         root_tokens,

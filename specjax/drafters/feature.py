@@ -84,9 +84,6 @@ class FeatureDrafter(nnx.Module):
 
     samples_children = False  # children are top-k: sampled decoding uses the one-hot tree rule
     dynamic_trees = True  # chooses the topology within the TreeConfig's budget
-    # Whether a step computes a chain to the tree's full depth before expanding it, so that a
-    # pre-verifier's early stop saves only the expansions (mdc's hidden-state chain).
-    chain_to_full_depth = False
 
     def __init__(self, net: DrafterNet, target):
         self.net = net
@@ -187,16 +184,14 @@ class FeatureDrafter(nnx.Module):
         parts = self._parts(target)
         n_nodes, depth, topk = tree_budget(config.tree)
         root_emb = jnp.take(parts.embed, ctx.root, axis=0)  # [B, M]
-        state, step, root_state, reused_slots, calls = self._expansion(
-            state, parts, ctx, root_emb, depth, sampling
-        )
+        step, root_state, shared = self._expansion(state, parts, ctx, root_emb, depth, sampling)
         b = ctx.root.shape[0]
         pv = self.pre_verifier if config.pre_verify else None
         # With a pre-verifier, drafting stops once no frontier node is worth verifying.
         stop = None if pv is None else (pv.node_logp, pv.keep_logp(n_nodes), pv.shape.block)
         # expand_topk works in draft-vocabulary ids; the root is not one (index 0 stands for it
         # and the step functions read the root's embedding from depth == 0).
-        tree, _ = expand_topk(
+        tree, _, shared = expand_topk(
             step,
             root_state,
             jnp.zeros((b,), jnp.int32),
@@ -205,7 +200,9 @@ class FeatureDrafter(nnx.Module):
             topk=topk,
             num_nodes=n_nodes,
             stop=stop,
+            shared=shared,
         )
+        state, reused_slots, calls = self._after_expansion(state, shared)
         node = jnp.arange(n_nodes)[None, :]
         tokens = jnp.where(node == 0, ctx.root[:, None], self.net.draft_vocab[...][tree.tokens])
         tree = tree.replace(tokens=tokens.astype(jnp.int32))
@@ -270,8 +267,14 @@ class FeatureDrafter(nnx.Module):
     # -- kind-specific hooks -------------------------------------------------------------------
 
     def _expansion(self, state, parts, ctx, root_emb, depth, sampling):
-        """(state, step, root_state, reused_slots [B, Dp], chain layer calls [B]) for
-        tree.expand_topk."""
+        """(step, root_state, shared) for tree.expand_topk, step taking the shared carry and the
+        level: the drafter's layer calls happen inside the levels, so that levels an early stop
+        never reaches cost nothing."""
+        raise NotImplementedError
+
+    def _after_expansion(self, state, shared):
+        """(state, reused_slots [B, Dp] bool, layer calls [B]) from the shared carry after the
+        last level expand_topk ran."""
         raise NotImplementedError
 
     def _shift_chain(self, state, shift, live):
@@ -291,7 +294,8 @@ class EagleDrafter(FeatureDrafter):
         s = cache.max_len
         vocab = net.draft_vocab[...]
 
-        def step(st, tokens):  # leaves [B, W, ...], tokens [B, W] (draft ids)
+        def step(st, tokens, calls, level):  # leaves [B, W, ...], tokens [B, W] (draft ids)
+            del level
             d = st["depth"]  # [B, W]: every frontier slot of a level has the same depth
             emb = jnp.where(
                 (d == 0)[..., None], root_emb[:, None], jnp.take(parts.embed, vocab[tokens], 0)
@@ -313,7 +317,7 @@ class EagleDrafter(FeatureDrafter):
                 "hv": jnp.where(here, v[:, :, None], st["hv"]),
                 "depth": d + 1,
             }
-            return logp, child
+            return logp, child, calls + 1  # one (frontier-wide) layer call per level
 
         kv = jnp.zeros((b, depth, cfg.n_kv_heads, cfg.head_dim), jnp.float32)
         root_state = {
@@ -322,8 +326,10 @@ class EagleDrafter(FeatureDrafter):
             "hv": kv,
             "depth": jnp.zeros((b,), jnp.int32),
         }
-        calls = jnp.full((b,), depth, jnp.int32)  # one (frontier-wide) layer call per level
-        return state, step, root_state, jnp.zeros((b, 0), bool), calls
+        return step, root_state, jnp.zeros((b,), jnp.int32)
+
+    def _after_expansion(self, state, shared):
+        return state, jnp.zeros((shared.shape[0], 0), bool), shared
 
 
 # Leading chain slots recomputed every step by default (see HiddenStateDrafter).
@@ -342,8 +348,8 @@ class HiddenStateDrafter(FeatureDrafter):
     just rejected; recomputing the first few trades a few layer calls for fresher hidden states
     where acceptance matters most (the trade is measured in experiments/results/drafters.md).
     fresh_slots=0 reuses every valid slot, fresh_slots >= depth is the same as reuse=False.
-    The chain is completed to the tree's depth before the tree is expanded, so a pre-verifier's
-    early stop does not save its layer calls (chain_to_full_depth).
+    Chain slot d is computed when tree level d is expanded, so a pre-verifier's early stop saves
+    the deeper slots' layer calls; the slots it never reached are not carried over.
 
     stale_logits: the paper's variant for the slots recomputed after a rejection: the draft
     distribution there reads both hidden states, the fresh one and the stale one carried from
@@ -351,8 +357,6 @@ class HiddenStateDrafter(FeatureDrafter):
     with the same parent tokens injected (the public notes say the stale logits are added to the
     fresh ones; the mean keeps the same ranking of children and a distribution of the usual
     sharpness). It costs a second readout at those slots and never a layer call."""
-
-    chain_to_full_depth = True
 
     def __init__(
         self,
@@ -372,65 +376,85 @@ class HiddenStateDrafter(FeatureDrafter):
         self.fresh_slots = fresh_slots
         self.stale_logits = stale_logits
 
-    def _chain(self, state, root_emb, depth):
-        """Complete the chain: slot d = h_{d+1} at position lengths + d, reusing valid slots.
-        Returns (state with the new chain, reused_slots [B, Dp] bool, layer calls [B], stale
-        [B, Dp, M] the carried hidden states before recomputation, recomputed_stale [B, Dp] bool:
-        slots recomputed although a carried one was valid)."""
-        net, cache = self.net, state.cache
-        s = cache.max_len
-        ctx_mask = (jnp.arange(s)[None, :] < cache.lengths[:, None])[:, None, :]  # [B, 1, S]
-        h, k_hist, v_hist = state.chain_h, state.chain_k, state.chain_v
+    def _reusable_slots(self, state) -> jax.Array:
+        """[B, Dp] bool: carried chain slots this step keeps instead of recomputing."""
         reusable = state.chain_valid if self.reuse else jnp.zeros_like(state.chain_valid)
-        reusable = reusable.at[:, : self.fresh_slots].set(False)
-        stale, recomputed_stale = h, state.chain_valid & ~reusable  # (used with reuse only)
-        calls = jnp.zeros_like(state.chain_calls)
-        for d in range(depth):
-            # The first slot starts from the target's own last hidden state and the root token;
-            # deeper slots continue the recurrence on the previous predicted hidden state.
-            if d == 0:
-                x = net.fuse(state.last_feature, root_emb)
-            else:
-                x = net.fuse(h[:, d - 1], None)
+        return reusable.at[:, : self.fresh_slots].set(False)
 
-            def compute(x=x, d=d, h=h, k_hist=k_hist, v_hist=v_hist):
-                out, k, v = net.step(
-                    x[:, None],
-                    (cache.lengths + d)[:, None],
-                    cache.k[0],
-                    cache.v[0],
-                    ctx_mask,
-                    k_hist[:, None],
-                    v_hist[:, None],
-                    jnp.broadcast_to(jnp.arange(depth) < d, (x.shape[0], 1, depth)),
-                    chain=d > 0,
-                )
-                return out[:, 0], k[:, 0], v[:, 0]
+    def _chain_slot(self, state, chain, x, d, *, first: bool):
+        """Chain slot d (h_{d+1} at position lengths + d) computed from the layer input x [B, M],
+        in the rows that cannot reuse it; skipped (lax.cond) when none needs it. d may be
+        traced."""
+        net, cache = self.net, state.cache
+        h, k_hist, v_hist = chain["h"], chain["k"], chain["v"]
+        b, depth = h.shape[0], h.shape[1]
+        ctx_mask = (jnp.arange(cache.max_len)[None, :] < cache.lengths[:, None])[:, None, :]
 
-            def keep(h=h, k_hist=k_hist, v_hist=v_hist, d=d):
-                return h[:, d], k_hist[:, d], v_hist[:, d]
+        def compute():
+            out, k, v = net.step(
+                x[:, None],
+                (cache.lengths + d)[:, None],
+                cache.k[0],
+                cache.v[0],
+                ctx_mask,
+                k_hist[:, None],
+                v_hist[:, None],
+                jnp.broadcast_to(jnp.arange(depth) < d, (b, 1, depth)),
+                chain=not first,
+            )
+            return out[:, 0], k[:, 0], v[:, 0]
 
-            new_h, new_k, new_v = jax.lax.cond(jnp.all(reusable[:, d]), keep, compute)
-            r = reusable[:, d]
-            h = h.at[:, d].set(jnp.where(r[:, None], h[:, d], new_h))
-            k_hist = k_hist.at[:, d].set(jnp.where(r[:, None, None], k_hist[:, d], new_k))
-            v_hist = v_hist.at[:, d].set(jnp.where(r[:, None, None], v_hist[:, d], new_v))
-            calls = calls + (~r).astype(jnp.int32)
-        state = state.replace(
-            chain_h=h,
-            chain_k=k_hist,
-            chain_v=v_hist,
-            chain_valid=jnp.ones_like(state.chain_valid),
-        )
-        return state, reusable, calls, stale, recomputed_stale
+        def keep():
+            return h[:, d], k_hist[:, d], v_hist[:, d]
+
+        r = chain["reusable"][:, d]
+        new_h, new_k, new_v = jax.lax.cond(jnp.all(r), keep, compute)
+        return {
+            **chain,
+            "h": h.at[:, d].set(jnp.where(r[:, None], h[:, d], new_h)),
+            "k": k_hist.at[:, d].set(jnp.where(r[:, None, None], k_hist[:, d], new_k)),
+            "v": v_hist.at[:, d].set(jnp.where(r[:, None, None], v_hist[:, d], new_v)),
+            "ready": chain["ready"].at[:, d].set(True),
+            "calls": chain["calls"] + (~r).astype(jnp.int32),
+        }
+
+    def _chain_start(self, state, root_emb):
+        """The chain carry with slot 0 computed: it starts from the target's own last hidden
+        state and the root token (every tree expands the root, so it is always needed).
+        Carry: h [B, Dp, M], k / v [B, Dp, K, D], reusable [B, Dp] (slots carried over that
+        this step keeps), ready [B, Dp] (slots holding a valid state), calls [B]."""
+        reusable = self._reusable_slots(state)
+        chain = {
+            "h": state.chain_h,
+            "k": state.chain_k,
+            "v": state.chain_v,
+            "reusable": reusable,
+            "ready": reusable,
+            "calls": jnp.zeros_like(state.chain_calls),
+        }
+        x = self.net.fuse(state.last_feature, root_emb)
+        return self._chain_slot(state, chain, x, 0, first=True)
 
     def _expansion(self, state, parts, ctx, root_emb, depth, sampling):
-        state, reused_slots, calls, stale, recomputed_stale = self._chain(state, root_emb, depth)
-        net, h = self.net, state.chain_h
+        net = self.net
         vocab = net.draft_vocab[...]
+        # The carried hidden states before any recomputation, and the slots recomputed although
+        # a carried one was valid (read by stale_logits).
+        stale = state.chain_h
+        recomputed_stale = state.chain_valid & ~self._reusable_slots(state)
 
-        def step(st, tokens):  # the children of a depth-d node read chain slot d
-            d = st["depth"]  # [B, W]
+        def step(st, tokens, chain, level):  # the children of a depth-d node read chain slot d
+            # Slot `level` continues the recurrence on the previous slot's predicted hidden
+            # state; it is computed here, when the level is expanded, so that an early stop
+            # saves the deeper slots' layer calls (slot 0 is computed before the levels).
+            prev = chain["h"][:, jnp.maximum(level - 1, 0)]
+            chain = jax.lax.cond(
+                level > 0,
+                lambda: self._chain_slot(state, chain, net.fuse(prev, None), level, first=False),
+                lambda: chain,
+            )
+            h = chain["h"]
+            d = st["depth"]  # [B, W], all equal to level
             hd = jnp.take_along_axis(h, d[..., None], axis=1)  # [B, W, M]
             parent = jnp.where(
                 (d == 0)[..., None], root_emb[:, None], jnp.take(parts.embed, vocab[tokens], 0)
@@ -444,23 +468,31 @@ class HiddenStateDrafter(FeatureDrafter):
                 logp = jnp.where(both, mixed, logp)
             # The frontier node's token is its children's parent and its grandchildren's
             # grandparent.
-            return logp, {"depth": d + 1, "grand": parent}
+            return logp, {"depth": d + 1, "grand": parent}, chain
 
         root_state = {
             "depth": jnp.zeros((ctx.root.shape[0],), jnp.int32),
             "grand": jnp.take(parts.embed, state.last_token, axis=0),
         }
-        return state, step, root_state, reused_slots, calls
+        return step, root_state, self._chain_start(state, root_emb)
+
+    def _after_expansion(self, state, chain):
+        """Slots the levels never reached (an early stop) hold no valid state for the next step."""
+        state = state.replace(
+            chain_h=chain["h"], chain_k=chain["k"], chain_v=chain["v"], chain_valid=chain["ready"]
+        )
+        return state, chain["reusable"], chain["calls"]
 
     def _shift_chain(self, state, shift, live):
         """After accepting shift - 1 tokens, old slot d + shift is new slot d (same position)."""
         dp = state.chain_h.shape[1]
         src = jnp.arange(dp)[None, :] + shift[:, None]  # [B, Dp]
-        ok = (src < dp) & live[:, None]
         idx = jnp.minimum(src, dp - 1)
 
         def take(x):
             return jnp.take_along_axis(x, idx.reshape(idx.shape + (1,) * (x.ndim - 2)), axis=1)
+
+        ok = (src < dp) & live[:, None] & take(state.chain_valid)
 
         return state.replace(
             chain_h=jnp.where(live[:, None, None], take(state.chain_h), state.chain_h),
