@@ -216,6 +216,31 @@ def test_expand_topk(depth, width, topk, num_nodes):
         assert val[r].sum() == 1 + len(ref)
 
 
+def test_expand_topk_shared_carry_runs_only_the_levels_expanded():
+    """A per-row carry threaded through the levels sees each level index once, in order, and
+    an early stop ends it at the last level run; the tree is the one the plain step gives."""
+    depth, b = 5, 3
+
+    def step(states, tokens, seen, level):
+        logp, codes = toy_step(states, tokens)
+        return logp, codes, seen.at[:, level].add(1)
+
+    root_state = jnp.arange(b, dtype=jnp.int32)
+    root_tokens = jnp.zeros((b,), jnp.int32)
+    kw = dict(depth=depth, width=2, topk=2, num_nodes=9)
+    plain, _, none = expand_topk(toy_step, root_state, root_tokens, **kw)
+    assert none is None
+    seen0 = jnp.zeros((b, depth), jnp.int32)
+    tree, _, seen = expand_topk(step, root_state, root_tokens, shared=seen0, **kw)
+    np.testing.assert_array_equal(np.asarray(tree.tokens), np.asarray(plain.tokens))
+    np.testing.assert_array_equal(np.asarray(seen), 1)
+    # Every node predicted at log 0.5 against a threshold of log 0.3: the path probability
+    # falls below it at depth 2, so the levels stop after level 1 (0 and 1 run).
+    stop = (lambda stats: jnp.full(stats.shape[:2], jnp.log(0.5)), jnp.log(0.3), 1)
+    _, _, seen = expand_topk(step, root_state, root_tokens, shared=seen0, stop=stop, **kw)
+    np.testing.assert_array_equal(np.asarray(seen), np.asarray([[1, 1, 0, 0, 0]] * b))
+
+
 def test_expand_topk_state_pytree_follows_its_node():
     """A per-slot history in the state (here: the token path so far) is gathered along W with
     its node, so each frontier node's state describes exactly its own path."""
