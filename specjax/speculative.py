@@ -123,7 +123,7 @@ class SpeculativeLoop:
         pv = getattr(self.drafter, "pre_verifier", None) if self.config.pre_verify else None
         if pv is None or self.rule in ("chain", "tree_sampled", "hsd"):
             return None
-        return pv
+        return pv if pv.prunes(self.config.tree.num_nodes) else None
 
     @property
     def buckets(self) -> tuple[int, ...]:

@@ -323,6 +323,29 @@ def test_budget_thresholds_prune_each_tree_at_its_own_threshold(tmp_path, target
     np.testing.assert_array_equal(np.asarray(pre_verify.keep_mask(tree, pv, live, 4)), kept[0.2])
 
 
+def test_a_budget_left_unpruned_runs_the_whole_tree(target):
+    """Threshold 0 in the trained table (the replay found no pruning faster there) leaves that
+    budget's trees whole: drafted to full depth, verified at every node, nothing cut; a budget
+    with a threshold still prunes."""
+    pv = random_pre_verifier(0.0, budget_thresholds=((4, 0.9), (7, 0.0)))
+    assert pv.prunes(5) and not pv.prunes(8) and random_pre_verifier(0.0).prunes(8)
+    drafter = make_drafter("eagle", target)
+    drafter.pre_verifier = pv
+    ref = specjax.generate(target, PROMPTS, max_new_tokens=12)
+    for tree, whole in ((TreeConfig.dynamic(9, 4, 3), True), (TreeConfig.dynamic(4, 2, 2), False)):
+        out = specjax.speculative_generate(
+            target, drafter, PROMPTS, max_new_tokens=12, config=SpecConfig(tree=tree)
+        )
+        np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
+        verified = np.asarray(out.stats["verified_nodes"])
+        stops = int(np.sum(out.stats["pre_verifier_stops"]))
+        if whole:
+            np.testing.assert_allclose(verified, tree.num_nodes)
+            assert stops == 0
+        else:
+            assert stops > 0 and (verified < tree.num_nodes).any()
+
+
 def test_load_drafter_refuses_a_missing_pre_verifier(tmp_path, target):
     from specjax.train.checkpoint import save_drafter
 

@@ -187,6 +187,7 @@ class FeatureDrafter(nnx.Module):
         step, root_state, shared = self._expansion(state, parts, ctx, root_emb, depth, sampling)
         b = ctx.root.shape[0]
         pv = self.pre_verifier if config.pre_verify else None
+        pv = pv if pv is not None and pv.prunes(n_nodes) else None
         # With a pre-verifier, drafting stops once no frontier node is worth verifying.
         stop = None if pv is None else (pv.node_logp, pv.keep_logp(n_nodes), pv.shape.block)
         # expand_topk works in draft-vocabulary ids; the root is not one (index 0 stands for it

@@ -145,6 +145,13 @@ class PreVerifier(nnx.Module):
         fitting = [t for n, t in table if n <= draft_nodes]
         return fitting[-1] if fitting else table[0][1]
 
+    def prunes(self, num_nodes: int) -> bool:
+        """Whether a tree of num_nodes nodes (root included) may be pruned at all: False where
+        the trained table keeps every node (threshold 0, a budget whose replay found no pruning
+        faster than the whole tree), so that the tree is drafted and verified whole, without the
+        pre-verifier's work. Static; a traced threshold (no table) always may prune."""
+        return not self.shape.budget_thresholds or self.threshold_for(num_nodes - 1) > 0
+
     def keep_logp(self, num_nodes: int) -> jax.Array:
         """The log keep threshold on predicted path probabilities for a tree of num_nodes nodes
         (root included; static): the traced threshold_logp, or the trained one for that budget."""
