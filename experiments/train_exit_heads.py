@@ -47,6 +47,8 @@ TARGETS = {
     ),  # fmt: skip
 }
 ANSWER_SETS = ("smollm2-broad", "smollm2-synthetic")
+# smollm2-chat is not among them: its prompts came from EAGLE's question files.
+CLEAN_ANSWER_SETS = ("smollm2-broad", "smollm2-synthetic", "smollm2-tasks")
 
 
 def chain_speedup(a: float, c: float, max_k: int = 8) -> tuple[float, int]:
@@ -132,6 +134,15 @@ def main(argv=None) -> int:
     parser.add_argument("--layers", type=int, nargs="+", default=None)
     parser.add_argument("--train-seqs", type=int, default=None)
     parser.add_argument("--out", default=None, help="checkpoint dir (default checkpoints/...)")
+    parser.add_argument(
+        "--answer-sets", nargs="+", default=list(ANSWER_SETS), choices=CLEAN_ANSWER_SETS,
+        help="smollm2: answer sets to train and evaluate on (never smollm2-chat)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--all-kinds-at", type=int, default=None,
+        help="the layer where every head kind is trained (default: the target's; -1: none)",
+    )  # fmt: skip
+    parser.add_argument("--results", default=None, help="report path (default results/...)")
     args = parser.parse_args(argv)
     spec = TARGETS[args.target]
     layers = tuple(args.layers or spec["layers"])
@@ -144,12 +155,13 @@ def main(argv=None) -> int:
     target, cfg = loaded.model, loaded.model.config
     n_train = args.train_seqs or spec["train_seqs"]
     if args.target == "smollm2":
-        train_all, eval_all = answer_rows(ANSWER_SETS, eval_shards=2)
+        answer_sets = tuple(args.answer_sets)
+        train_all, eval_all = answer_rows(answer_sets, eval_shards=2)
         train = spread(train_all, n_train, 0)
         held = spread(eval_all, spec["eval_seqs"], 1)
         log("generating MT-bench answers (evaluation only)")
         outside, outside_name = mt_bench_rows(loaded, 16), "MT-bench (16 first turns, greedy)"
-        data_line = (f"{n_train} answer sequences of {', '.join(ANSWER_SETS)} (target's own "
+        data_line = (f"{n_train} answer sequences of {', '.join(answer_sets)} (target's own "
                      "greedy answers to held-in prompts; smollm2-chat left out)")  # fmt: skip
     else:
         text = shared_dir() / "data" / "tinystories_train_head.txt"
@@ -176,7 +188,8 @@ def main(argv=None) -> int:
 
     results, heads = [], {}
     for layer in layers:
-        every = spec["kinds_at"] in (None, layer)
+        kinds_at = spec["kinds_at"] if args.all_kinds_at is None else args.all_kinds_at
+        every = kinds_at in (None, layer)
         for kind in EXIT_KINDS if every else ("identity", "mlp"):
             head = ExitHead(cfg.d_model, layer=layer, kind=kind, vocab=vocab, eps=cfg.norm_eps,
                             rngs=nnx.Rngs(0))  # fmt: skip
@@ -202,7 +215,7 @@ def main(argv=None) -> int:
                     target=target, target_name=model_path.name)  # fmt: skip
 
     total_s = time.perf_counter() - t_start
-    command = f"python experiments/train_exit_heads.py --target {args.target}"
+    command = " ".join(["python experiments/train_exit_heads.py", *(argv or sys.argv[1:])])
     header = device_header()
     table = [
         "| layer | kind | relative cost c | held-in agreement | "
@@ -238,8 +251,9 @@ def main(argv=None) -> int:
         f"Chosen: draft exit layer {draft['layer']} ({draft['kind']}), verify exit layer "
         f"{verify['layer']} ({verify['kind']}). {why}", "",
     ])  # fmt: skip
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"exit_heads_{args.target}.md").write_text(report)
+    results_path = Path(args.results or RESULTS / f"exit_heads_{args.target}.md")
+    results_path.parent.mkdir(parents=True, exist_ok=True)
+    results_path.write_text(report)
     card = "\n".join([
         f"# HiSpec exit heads for {model_path.name}", "",
         f"- reproduce: `{command}` ({total_s / 60:.1f} min here)", header,
@@ -252,8 +266,9 @@ def main(argv=None) -> int:
         f"- data: {data_line}",
         f"- training: {steps} steps x {train_cfg.batch} positions per head "
         f"({draft['train_s']:.0f}s and {verify['train_s']:.0f}s)",
-        f"- why these layers: {why} Every candidate: experiments/results/"
-        f"exit_heads_{args.target}.md", "",
+        f"- why these layers: {why} Every candidate: "
+        f"{results_path.relative_to(REPO) if results_path.is_relative_to(REPO) else results_path}",
+        "",
     ])  # fmt: skip
     (out_dir / "CARD.md").write_text(card)
     print(report)
