@@ -48,15 +48,28 @@ BUDGETS = ((15, 5, 4), (31, 6, 8))
 REUSE_BUDGET = TreeConfig.dynamic(31, 6, 8)
 
 
+# The drafters are compared as drafters: their pre-verifiers (which prune the tree; pacer.py
+# measures them) stay off, so every row drafts and verifies the whole budget.
+NO_PV = ":nopv"
+
+
 def feature_methods(mdc: str, eagle: str) -> list[Method]:
     methods = []
     for path in (eagle, mdc):
         for n, d, k in BUDGETS:
-            methods.append(Method(kind=SPEC, drafter=path, tree=TreeConfig.dynamic(n, d, k)))
+            methods.append(
+                Method(kind=SPEC, drafter=path + NO_PV, tree=TreeConfig.dynamic(n, d, k))
+            )
     # The reuse ablation of the hidden-state drafter at the budget the acceptance bar uses
     # (the other fresh-slot settings are measured in the reuse table only).
-    methods.append(Method(kind=SPEC, drafter=f"{mdc}:noreuse", tree=REUSE_BUDGET))
+    methods.append(Method(kind=SPEC, drafter=f"{mdc}:noreuse{NO_PV}", tree=REUSE_BUDGET))
     return methods
+
+
+def drafter_name(method_label: str) -> str:
+    """A row's drafter without the switch every feature row carries: for the label
+    "smollm2-mdc:nopv tree 31/d6/top8", "smollm2-mdc"."""
+    return method_label.split()[0].removesuffix(NO_PV)
 
 
 SUITES = (
@@ -101,18 +114,22 @@ def reuse_stats(suite: Suite, target, prompts, temperature: float) -> dict:
     from specjax.drafters.spec import make_drafter
     from specjax.train.pipeline import measure_tau
 
-    mdc = next(m.drafter for m in suite.methods if m.drafter and m.drafter.endswith("-mdc"))
+    mdc = next(
+        m.drafter.removesuffix(NO_PV)
+        for m in suite.methods
+        if m.drafter and m.drafter.removesuffix(NO_PV).endswith("-mdc")
+    )
     from specjax.bench import resolve_drafter
 
     out = {}
     settings = [
         (
             f"reuse, {n} fresh" + (" (default)" if n == DEFAULT_FRESH_SLOTS else ""),
-            f"{mdc}:fresh{n}",
+            f"{mdc}:fresh{n}{NO_PV}",
         )
         for n in range(4)
     ]
-    for label, spec in [*settings, ("no reuse", f"{mdc}:noreuse")]:
+    for label, spec in [*settings, ("no reuse", f"{mdc}:noreuse{NO_PV}")]:
         drafter = make_drafter(resolve_drafter(spec), target)
         out[label] = measure_tau(
             target.model,
@@ -182,13 +199,13 @@ def plot_tau_vs_budget(rows, path: Path) -> Path | None:
             pts = sorted(
                 (budget(r.draft_nodes), r.tau)
                 for r in group
-                if r.kind == SPEC and r.method.split()[0].endswith(f"-{kind}")
+                if r.kind == SPEC and drafter_name(r.method).endswith(f"-{kind}")
             )
             if pts:
                 ax.plot(*zip(*pts, strict=True), marker="o", label=f"{kind} drafter")
         for r in group:
-            if r.kind == SPEC and not r.method.split()[0].endswith(("-eagle", "-mdc")):
-                if ":" not in r.method.split()[0]:
+            if r.kind == SPEC and not drafter_name(r.method).endswith(("-eagle", "-mdc")):
+                if ":" not in drafter_name(r.method):
                     ax.scatter([budget(r.draft_nodes)], [r.tau], marker="x", label=r.method)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("draft nodes per target call")
@@ -279,6 +296,8 @@ def main(argv=None) -> int:
         "with the same budget (checkpoints/*/CARD.md).",
         "`:noreuse` recomputes the hidden-state chain every step (reuse on is the default; the "
         "reuse table measures how many leading chain slots to recompute).",
+        "`:nopv`: the drafter without its trained pre-verifier, so every row drafts and verifies "
+        "its whole budget (experiments/pacer.py measures the pre-verifiers).",
     ]
     write_markdown(
         rows,

@@ -528,3 +528,21 @@ def test_readouts_at_scored_positions_give_the_same_loss(tiny_target):
         drafter.net, parts, batch | {"scored": scored, "scored_mask": mask}, cfg, 1.0
     )[1]
     chex.assert_trees_all_close(picked, everywhere, rtol=1e-5)
+
+
+def test_drafter_switches_parse_alone_and_combined():
+    from specjax.drafters.spec import split_drafter_switch
+
+    assert split_drafter_switch("ckpt/d") == ("ckpt/d", {})
+    assert split_drafter_switch("ckpt/d:nopv") == ("ckpt/d", {"pre_verifier": False})
+    assert split_drafter_switch("ckpt/d:fresh2:nopv") == (
+        "ckpt/d",
+        {"fresh_slots": 2, "pre_verifier": False},
+    )
+    assert split_drafter_switch("ckpt/d:noreuse:nopv") == (
+        "ckpt/d",
+        {"reuse": False, "pre_verifier": False},
+    )
+    assert split_drafter_switch("ckpt/d:other") == ("ckpt/d:other", {})  # not a switch
+    with pytest.raises(ValueError, match="twice"):
+        split_drafter_switch("ckpt/d:fresh1:fresh2")

@@ -53,23 +53,37 @@ def is_hispec(spec: str) -> bool:
     return (Path(split_drafter_switch(spec)[0]) / "hispec.json").exists()
 
 
+def _switch(word: str) -> dict | None:
+    """One ablation switch word as load settings, or None when `word` is not one."""
+    if word == "noreuse":
+        return {"reuse": False}
+    if word == "nopv":
+        return {"pre_verifier": False}
+    if word == "stale":
+        return {"stale_logits": True}
+    if word.startswith("buffer") and word[6:].isdigit():
+        return {"buffer": int(word[6:])}
+    if word.startswith("fresh") and word[5:].isdigit():
+        return {"fresh_slots": int(word[5:])}
+    return None
+
+
 def split_drafter_switch(spec: str) -> tuple[str, dict]:
-    """Ablation switches of a trained hidden-state drafter, spelled DIR:SWITCH:
+    """Ablation switches of a trained hidden-state drafter, spelled DIR:SWITCH[:SWITCH...]:
     "DIR:noreuse" -> (DIR, {"reuse": False}); "DIR:fresh2" -> (DIR, {"fresh_slots": 2});
     "DIR:nopv" -> (DIR, {"pre_verifier": False}); "DIR:stale" -> (DIR, {"stale_logits": True});
-    for HiSpec exit heads "DIR:buffer4" -> (DIR, {"buffer": 4})."""
-    head, _, switch = spec.rpartition(":")
-    if head and switch == "noreuse":
-        return head, {"reuse": False}
-    if head and switch == "nopv":
-        return head, {"pre_verifier": False}
-    if head and switch == "stale":
-        return head, {"stale_logits": True}
-    if head and switch.startswith("buffer") and switch[6:].isdigit():
-        return head, {"buffer": int(switch[6:])}
-    if head and switch.startswith("fresh") and switch[5:].isdigit():
-        return head, {"fresh_slots": int(switch[5:])}
-    return spec, {}
+    for HiSpec exit heads "DIR:buffer4" -> (DIR, {"buffer": 4}). Several combine
+    ("DIR:noreuse:nopv"); naming one twice is a ValueError."""
+    switches: dict = {}
+    while True:
+        head, _, word = spec.rpartition(":")
+        found = _switch(word) if head else None
+        if found is None:
+            return spec, switches
+        if found.keys() & switches.keys():
+            raise ValueError(f"drafter switch {word!r} given twice in {spec}:...")
+        switches.update(found)
+        spec = head
 
 
 def make_drafter(spec: str, target_loaded):
