@@ -57,9 +57,10 @@ def speculative_generate(
     choice = _choose_config(target, drafter, prompts, config, sampling, max_new_tokens, eos_id)
     if choice.config is None:
         return _autoregressive(target, prompts, choice, config.attn_impl, **kwargs)
-    out = speculative_decode(
-        target, drafter, prompts, config=choice.config, verifier=verifier, **kwargs
-    )
+    # The fallback runs plain steps through the verifier; an early-exit verifier's "plain" step
+    # would still run its levels, so it keeps the chosen tree throughout.
+    chosen = choice.with_fallback() if config.fallback and verifier is None else choice.config
+    out = speculative_decode(target, drafter, prompts, config=chosen, verifier=verifier, **kwargs)
     out.stats.update(choice.stats())
     return out
 

@@ -79,6 +79,16 @@ class Choice:
     def predicted_speedup(self) -> float:
         return self.predicted_tau * self.ar_seconds_per_token / self.seconds_per_step
 
+    @property
+    def break_even_tau(self) -> float:
+        """The tau at which the chosen step decodes as fast as plain decoding."""
+        return self.seconds_per_step / self.ar_seconds_per_token
+
+    def with_fallback(self) -> SpecConfig:
+        """The chosen config, falling back to plain decoding within a call whose acceptance
+        stays below the break-even tau (SpecConfig.fallback_tau)."""
+        return dataclasses.replace(self.config, fallback_tau=round(self.break_even_tau, 3))
+
     def tree_label(self) -> str:
         if self.config is None:
             return "autoregressive"
@@ -92,6 +102,7 @@ class Choice:
             "tree": self.tree_label(),
             "predicted_tau": self.predicted_tau,
             "predicted_speedup": self.predicted_speedup,
+            "break_even_tau": self.break_even_tau,
         }
 
     def describe(self) -> str:

@@ -43,11 +43,12 @@ def _timed(fn, *args, **kwargs):
     return out, time.perf_counter() - t0
 
 
-def run_generation(
+def _generation_call(
     loaded, ids, *, max_new_tokens, sampling, seed, drafter=None, tree=None, verifier=None, rows=1
 ):
-    """Compile, then time one run; returns (output, run seconds, compile seconds). rows: the
-    prompt is repeated that many times (to fill a mesh's 'data' axis)."""
+    """(fn, args, kwargs) of one generation call: plain decoding without a drafter, else
+    speculative decoding. rows: the prompt is repeated that many times (to fill a mesh's
+    'data' axis)."""
     import jax
 
     import specjax
@@ -57,19 +58,34 @@ def run_generation(
         max_new_tokens=max_new_tokens, sampling=sampling, key=jax.random.key(seed), eos_id=eos
     )
     if drafter is None:
-        fn, args = specjax.generate, (loaded.model, [ids] * rows)
-    else:
-        fn, args = specjax.speculative_generate, (loaded.model, drafter, [ids] * rows)
-        # No --tree: the hardware-aware default chooses it (printed with its prediction).
-        kwargs["config"] = (
-            specjax.SpecConfig.auto() if tree is None else specjax.SpecConfig(tree=tree)
-        )
-        if verifier is not None:
-            kwargs["verifier"] = verifier
+        return specjax.generate, (loaded.model, [ids] * rows), kwargs
+    # No --tree: the hardware-aware default chooses it (printed with its prediction).
+    kwargs["config"] = specjax.SpecConfig.auto() if tree is None else specjax.SpecConfig(tree=tree)
+    if verifier is not None:
+        kwargs["verifier"] = verifier
+    return specjax.speculative_generate, (loaded.model, drafter, [ids] * rows), kwargs
+
+
+def run_generation(loaded, ids, **call):
+    """Compile, then time one run; returns (output, run seconds, compile seconds). `call`: the
+    keywords of _generation_call."""
+    fn, args, kwargs = _generation_call(loaded, ids, **call)
     # The first call compiles; the second (same output) is the timed one.
     _, first = _timed(fn, *args, **kwargs)
     out, run = _timed(fn, *args, **kwargs)
     return out, run, first - run
+
+
+def _median_times(calls, rounds: int) -> list[float]:
+    """Median wall seconds of each (fn, args, kwargs) in `calls` over `rounds` rounds that run
+    them in turn, so that a slow spell of the machine falls on every call alike."""
+    import statistics
+
+    times = [[] for _ in calls]
+    for _ in range(rounds):
+        for fn_times, (fn, args, kwargs) in zip(times, calls, strict=True):
+            fn_times.append(_timed(fn, *args, **kwargs)[1])
+    return [statistics.median(t) for t in times]
 
 
 def report(loaded, out, run, compile_s, label):
@@ -92,6 +108,13 @@ def report(loaded, out, run, compile_s, label):
             extra += (
                 f", tree {out.stats['tree']} (chosen for this hardware: predicted tau "
                 f"{out.stats['predicted_tau']:.2f}, speedup {out.stats['predicted_speedup']:.2f}x)"
+            )
+        plain = int(out.stats.get("plain_steps", [0])[0])
+        if plain > 0:
+            extra += (
+                f"; tokens per call stayed below the tree's break-even "
+                f"({out.stats['break_even_tau']:.2f}), so the last {plain} of those target calls "
+                "decoded plainly"
             )
     print(
         f"[{label}: {n} tokens, {n / run:.1f} tokens/s{extra}, compile {compile_s:.1f}s, "
@@ -169,11 +192,23 @@ def cmd_generate(args) -> int:
 
 def cmd_demo(args) -> int:
     """Speculative vs autoregressive decoding, side by side, on a shared reference target:
-    SmolLM2-135M-Instruct with its shipped hidden-state drafter (default), or stories260K drafted
-    by llama2xs-279K (--pair stories)."""
+    SmolLM2-135M-Instruct with a shipped feature drafter (default: the EAGLE-style one, the
+    faster of the two in experiments/results/bench.md), or stories260K drafted by llama2xs-279K
+    (--pair stories). Each side is compiled, then timed --rounds times in turn; the medians are
+    compared."""
     import specjax
-    from specjax.paths import LLAMA2XS, SMOLLM2, SMOLLM2_MDC, STORIES260K, repo_dir, shared_path
+    from specjax.paths import (
+        LLAMA2XS,
+        SMOLLM2,
+        SMOLLM2_EAGLE,
+        SMOLLM2_MDC,
+        STORIES260K,
+        repo_dir,
+        shared_path,
+    )
 
+    if args.rounds < 1:
+        raise SystemExit(f"error: --rounds must be at least 1, got {args.rounds}")
     sampling = specjax.SamplingConfig(temperature=args.temperature)
     if args.pair == "stories":
         loaded = specjax.load(shared_path(STORIES260K))
@@ -184,20 +219,27 @@ def cmd_demo(args) -> int:
         label = "speculative, llama2xs-279K drafting for stories260K"
     else:
         loaded = specjax.load(shared_path(SMOLLM2))
-        drafter_dir = repo_dir() / SMOLLM2_MDC
+        drafter_name = {"eagle": SMOLLM2_EAGLE, "mdc": SMOLLM2_MDC}[args.drafter]
+        drafter_dir = repo_dir() / drafter_name
         drafter = specjax.load_drafter(drafter_dir, loaded.model)
         prompt = args.prompt or "Explain in a few sentences why the sky is blue."
         ids = _encode_prompt(loaded, prompt, chat=True)
         tree = _drafter_spec().tree_for(str(drafter_dir), args.tree) if args.tree else None
-        label = f"speculative, {SMOLLM2_MDC} drafting for SmolLM2-135M-Instruct"
+        label = f"speculative, {drafter_name} drafting for SmolLM2-135M-Instruct"
     common = dict(max_new_tokens=args.max_new_tokens, sampling=sampling, seed=0)
-    ar, ar_run, _ = run_generation(loaded, ids, **common)
-    sd, sd_run, comp = run_generation(loaded, ids, drafter=drafter, tree=tree, **common)
-    report(loaded, sd, sd_run, comp, label)
+    calls = [
+        _generation_call(loaded, ids, **common),
+        _generation_call(loaded, ids, drafter=drafter, tree=tree, **common),
+    ]
+    # First calls: compile (and, for the default tree, measure this machine's costs once).
+    (ar, _), (sd, sd_first) = [_timed(fn, *a, **kw) for fn, a, kw in calls]
+    ar_run, sd_run = _median_times(calls, args.rounds)
+    report(loaded, sd, sd_run, max(sd_first - sd_run, 0.0), label)
     same = bool((ar.tokens == sd.tokens).all())
     print(
-        f"[autoregressive: {ar_run:.3f}s, speculative: {sd_run:.3f}s, speedup "
-        f"{ar_run / sd_run:.2f}x; identical to autoregressive output: {same}]",
+        f"[median of {args.rounds} runs each: autoregressive {ar_run:.3f}s, speculative "
+        f"{sd_run:.3f}s, speedup {ar_run / sd_run:.2f}x; identical to autoregressive output: "
+        f"{same}]",
         file=sys.stderr,
     )
     return 0
@@ -305,6 +347,13 @@ def build_parser() -> argparse.ArgumentParser:
         "demo", help="speculative vs plain decoding with a shipped drafter (SmolLM2 or stories)"
     )
     demo.add_argument("--pair", choices=("smollm2", "stories"), default="smollm2")
+    demo.add_argument(
+        "--drafter",
+        choices=("eagle", "mdc"),
+        default="eagle",
+        help="SmolLM2's shipped drafter: EAGLE-style (eagle) or hidden-state (mdc)",
+    )
+    demo.add_argument("--rounds", type=int, default=3, help="timed runs of each side")
     demo.add_argument("--prompt", default=None)
     demo.add_argument("--max-new-tokens", type=int, default=128)
     demo.add_argument("--temperature", type=float, default=0.0)

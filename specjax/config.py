@@ -191,16 +191,27 @@ class SpecConfig:
     attn_impl: "auto" | "reference" | "pallas" | "interpret" (see specjax.attention).
     pre_verify: let the drafter's pre-verifier (PACER, specjax.pre_verify) stop drafting early
     and prune the tree, when the drafter has one; False drafts and verifies the whole tree.
+    fallback_tau: when set, speculation stops for the rest of the call once, after at least
+    fallback_after steps, the batch emits fewer than fallback_tau tokens per target call (its
+    break-even: the step's cost over a plain decoding step's, which SpecConfig.auto() sets from
+    its measured costs); the remaining tokens are decoded plainly inside the same loop (stats
+    plain_steps). The output is the same either way: only the speed changes.
     """
 
     tree: TreeConfig = TreeConfig()
     rule: str = "auto"
     attn_impl: str = "auto"
     pre_verify: bool = True
+    fallback_tau: float | None = None
+    fallback_after: int = 8
 
     def __post_init__(self):
         if self.rule not in RULES:
             raise ValueError(f"unknown acceptance rule {self.rule!r}; choose from {RULES}")
+        if self.fallback_tau is not None and not self.fallback_tau > 0:
+            raise ValueError(f"fallback_tau must be > 0 (or None), got {self.fallback_tau}")
+        if self.fallback_after < 1:
+            raise ValueError(f"fallback_after must be >= 1, got {self.fallback_after}")
         if self.rule in ("chain", "hsd") and not self.tree.is_chain:
             raise ValueError(
                 f"rule {self.rule!r} needs a chain tree, got branching {self.tree.branching}"
@@ -253,7 +264,10 @@ class AutoSpecConfig:
     predicted to beat plain decoding, decode autoregressively (the same output distribution;
     stats tree "autoregressive"). timed_candidates: how many of the best predicted trees are
     then timed as whole steps against plain decoding (interleaved, once per machine; 0: trust
-    the model alone). rule / attn_impl as in SpecConfig."""
+    the model alone). fallback: the chosen config stops speculating within a call whose
+    acceptance falls below the tree's break-even (SpecConfig.fallback_tau): the acceptance
+    profile can overrate prompts unlike its calibration prompts, and the first steps show it.
+    rule / attn_impl as in SpecConfig."""
 
     rule: str = "auto"
     attn_impl: str = "auto"
@@ -264,6 +278,7 @@ class AutoSpecConfig:
     allow_autoregressive: bool = True
     min_speedup: float = 1.1
     timed_candidates: int = 3
+    fallback: bool = True
 
     def __post_init__(self):
         if self.rule not in RULES:

@@ -58,7 +58,9 @@ class SpecState:
     accepted_hist [B, P] histogram of n_accepted; nonfinite [B] steps with NaN/inf logits;
     draft_hist [B, N] histogram of the draft nodes verified per step; verified_nodes [B] tree
     nodes the target ran on (the step's bucket with a pre-verifier, else N); pre_verifier_stops
-    [B] steps in which the pre-verifier cut the draft (all three over live steps).
+    [B] steps in which the pre-verifier cut the draft (all three over live steps); plain [B]
+    speculation has stopped for the rest of the call (SpecConfig.fallback_tau; the same value
+    in every row); plain_steps [B] live steps decoded plainly since then.
     """
 
     tokens: jax.Array
@@ -76,6 +78,8 @@ class SpecState:
     draft_hist: jax.Array
     verified_nodes: jax.Array
     pre_verifier_stops: jax.Array
+    plain: jax.Array
+    plain_steps: jax.Array
 
 
 def emitted_tokens(tree_tokens, acceptance, p):
@@ -180,6 +184,8 @@ class SpeculativeLoop:
             draft_hist=jnp.zeros((b, self.config.tree.num_nodes), jnp.int32),
             verified_nodes=jnp.zeros((b,), jnp.int32),
             pre_verifier_stops=jnp.zeros((b,), jnp.int32),
+            plain=jnp.zeros((b,), bool),
+            plain_steps=jnp.zeros((b,), jnp.int32),
         )
         return constrain_rows(state, b)
 
@@ -191,17 +197,66 @@ class SpeculativeLoop:
         return jnp.broadcast_to(mask, tree.parents.shape + mask.shape[-1:])
 
     def step(self, s: SpecState) -> SpecState:
-        """One speculative step for every row (finished rows compute but change nothing)."""
-        return self.traced_step(s)[0]
+        """One step for every row (finished rows compute but change nothing): a speculative
+        step, or a plain decoding step once speculation has stopped (SpecConfig.fallback_tau)."""
+        if self.config.fallback_tau is None:
+            return self.traced_step(s)[0]
+
+        def speculative(s):
+            new = self.traced_step(s)[0]
+            return new.replace(plain=self.falls_back(new))
+
+        return jax.lax.cond(jnp.all(s.plain), self.plain_step, speculative, s)
+
+    def falls_back(self, s: SpecState) -> jax.Array:
+        """[B] whether speculation stops now (the same value in every row): after at least
+        fallback_after steps, the batch has emitted fewer than fallback_tau tokens per target
+        call, so a speculative step is predicted to cost more than the tokens it brings."""
+        cfg = self.config
+        calls = jnp.sum(s.target_calls)
+        accepted = jnp.sum(s.accepted_hist * jnp.arange(self.path_slots)[None, :])
+        low = (jnp.max(s.target_calls) >= cfg.fallback_after) & (
+            accepted + calls < cfg.fallback_tau * calls
+        )
+        return s.plain | low
+
+    def plain_step(self, s: SpecState) -> SpecState:
+        """A plain decoding step: the target runs on each row's root alone (a one-node tree, so
+        the rules emit the target's own next token: its argmax, or a draw from it), and the
+        drafter neither drafts nor commits (its state is not read again in this call)."""
+        lengths = self.verifier.lengths(s.verifier_state)
+        verify_keys = self._step_keys(s, lengths)[1]
+        b = s.root.shape[0]
+        ones = jnp.ones((b, 1), jnp.float32)
+        root = DraftTree(
+            tokens=s.root[:, None],
+            parents=jnp.full((b, 1), -1, jnp.int32),
+            depth=jnp.zeros((b, 1), jnp.int32),
+            valid=jnp.ones((b, 1), bool),
+            draft_prob=ones,
+        )
+        rule = "greedy" if self.sampling.greedy else "tree_onehot"
+        v = self.verifier.verify(
+            s.verifier_state, self.target, root, ancestor_mask(root.parents), verify_keys,
+            rule=rule, config=self.config, sampling=self.sampling, feature_layers=(),
+        )  # fmt: skip
+        live = ~s.done
+        new = self._emit(s, root, v, n_verified=jnp.int32(1), cut=jnp.zeros_like(live),
+                         commit_drafter=lambda advance: s.drafter_state)  # fmt: skip
+        return new.replace(plain_steps=s.plain_steps + live)
+
+    def _step_keys(self, s: SpecState, lengths) -> tuple[jax.Array, jax.Array]:
+        """(draft keys [B], verify keys [B]) of this step: from each row's key and length."""
+        step_keys = jax.vmap(jax.random.fold_in)(s.keys, lengths)
+        split = jax.vmap(lambda k: jax.random.split(k, 2))(step_keys)
+        return split[:, 0], split[:, 1]
 
     def traced_step(self, s: SpecState) -> tuple[SpecState, DraftTree, Acceptance]:
         """`step`, also returning the step's draft tree and its acceptance (what calibration
         runs record: specjax.acceptance)."""
-        cfg, p = self.config, self.path_slots
+        cfg = self.config
         lengths = self.verifier.lengths(s.verifier_state)
-        step_keys = jax.vmap(jax.random.fold_in)(s.keys, lengths)
-        split = jax.vmap(lambda k: jax.random.split(k, 2))(step_keys)
-        draft_keys, verify_keys = split[:, 0], split[:, 1]
+        draft_keys, verify_keys = self._step_keys(s, lengths)
 
         ctx = RootContext(root=s.root, prev=s.prev, lengths=lengths)
         tree, drafter_state = self.drafter.propose(
@@ -231,8 +286,26 @@ class SpeculativeLoop:
             )  # fmt: skip
             drafter_acc = pre_verify.to_drafter_indices(v.acceptance, order)
             drafter_hidden = pre_verify.hidden_to_drafter_order(v.hidden, order)
-        acc = v.acceptance
 
+        def commit_drafter(advance):
+            return self.drafter.commit(
+                drafter_state,
+                drafter_acc,
+                advance,
+                live=live,
+                config=cfg,
+                target=self.target,
+                target_hidden=drafter_hidden,
+            )
+
+        new = self._emit(s, tree, v, n_verified=n_verified, cut=cut, commit_drafter=commit_drafter)
+        return new, tree, v.acceptance
+
+    def _emit(self, s: SpecState, tree: DraftTree, v, *, n_verified, cut, commit_drafter):
+        """The state after verification v of tree: each live row keeps its emitted tokens up to
+        EOS and its budget, the verifier commits the accepted path, commit_drafter(advance [B])
+        gives the drafter's new state, and the counters count the step."""
+        p, acc, live = self.path_slots, v.acceptance, ~s.done
         emitted = emitted_tokens(tree.tokens, acc, p)  # [B, P]
         n_emit = acc.n_accepted + 1
         is_eos = (emitted == s.eos_id) & (jnp.arange(p)[None, :] < n_emit[:, None])
@@ -247,21 +320,13 @@ class SpeculativeLoop:
         # Rows finishing now keep their length: their next steps (while others run) then write
         # inside the slots reserved past their last committed position.
         advance = jnp.where(live & ~done, n_emit, 0)
-        vstate = self.verifier.commit(v.state, acc, advance, config=cfg)
-        drafter_state = self.drafter.commit(
-            drafter_state,
-            drafter_acc,
-            advance,
-            live=live,
-            config=cfg,
-            target=self.target,
-            target_hidden=drafter_hidden,
-        )
+        vstate = self.verifier.commit(v.state, acc, advance, config=self.config)
+        drafter_state = commit_drafter(advance)
         last_node = jnp.take_along_axis(acc.path, acc.n_accepted[:, None], axis=1)
         last_accepted = jnp.take_along_axis(tree.tokens, last_node, axis=1)[:, 0]
         hist = jax.nn.one_hot(acc.n_accepted, p, dtype=jnp.int32)
         n_draft = jnp.sum(tree.valid, axis=1) - 1
-        draft_hist = jax.nn.one_hot(n_draft, cfg.tree.num_nodes, dtype=jnp.int32)
+        draft_hist = jax.nn.one_hot(n_draft, self.config.tree.num_nodes, dtype=jnp.int32)
         new = s.replace(
             tokens=tokens,
             n_generated=n_generated,
@@ -277,7 +342,7 @@ class SpeculativeLoop:
             verified_nodes=s.verified_nodes + jnp.where(live, n_verified, 0),
             pre_verifier_stops=s.pre_verifier_stops + (live & cut),
         )
-        return constrain_rows(new, s.done.shape[0]), tree, acc
+        return constrain_rows(new, s.done.shape[0])
 
     def output(self, final: SpecState) -> GenerateOutput:
         p, max_new = self.path_slots, self.max_new_tokens
@@ -293,6 +358,7 @@ class SpeculativeLoop:
             "draft_len_hist": final.draft_hist,
             "verified_nodes": final.verified_nodes / steps,
             "pre_verifier_stops": final.pre_verifier_stops,
+            "plain_steps": final.plain_steps,
         }
         if hasattr(self.drafter, "stats"):
             stats.update(self.drafter.stats(final.drafter_state))

@@ -182,6 +182,22 @@ def test_cli_bench_stories_quick(shared_dir, tmp_path, capsys):
     assert "- backend:" in capsys.readouterr().out
 
 
+def test_cli_demo_stories_times_both_sides(shared_dir, capsys):
+    """`specjax demo --pair stories` decodes both ways, reports medians of --rounds runs and
+    that the outputs are identical (greedy)."""
+    require(shared_dir / STORIES260K)
+    require(shared_dir / LLAMA2XS)
+    from specjax.cli import main
+
+    argv = ["demo", "--pair", "stories", "--tree", "4,4,1", "--max-new-tokens", "12"]
+    assert main([*argv, "--rounds", "2"]) == 0
+    err = capsys.readouterr().err
+    assert "median of 2 runs each: autoregressive" in err
+    assert "identical to autoregressive output: True" in err
+    with pytest.raises(SystemExit, match="--rounds must be at least 1, got 0"):
+        main([*argv, "--rounds", "0"])
+
+
 def test_unknown_dataset_and_target_are_errors():
     with pytest.raises(ValueError, match="unknown dataset"):
         bench.Dataset.named("nope", 1, 1)

@@ -14,7 +14,7 @@ from flax import nnx
 import specjax
 from specjax.acceptance import AcceptanceProfile, ProfileRecorder, read_profiles, write_profiles
 from specjax.autotune import DraftCosts, VerifyCosts
-from specjax.choice import candidate_trees, choose, probes_for
+from specjax.choice import Choice, candidate_trees, choose, probes_for
 from specjax.config import TINY, AutoSpecConfig, SpecConfig, TreeConfig
 from specjax.drafters import LMDrafter
 
@@ -251,6 +251,24 @@ def test_default_call_reads_kept_costs_and_profiles(tmp_path, monkeypatch):
     tau = 1 + 0.5 + 0.5 * 2 / 3
     assert out.stats["predicted_tau"] == pytest.approx(tau, abs=1e-3)
     assert out.stats["predicted_speedup"] == pytest.approx(tau / 1.02, abs=1e-3)
+    # The call falls back to plain steps below the tree's break-even tau, step over token cost;
+    # this pair stays above it.
+    assert out.stats["break_even_tau"] == pytest.approx(1.02, abs=1e-6)
+    assert int(np.asarray(out.stats["plain_steps"]).sum()) == 0
+    no_fallback = dataclasses.replace(auto, fallback=False)
+    off = specjax.speculative_generate(
+        target, drafter, prompts, max_new_tokens=12, config=no_fallback
+    )
+    np.testing.assert_array_equal(np.asarray(off.tokens), np.asarray(ref.tokens))
+    assert "plain_steps" in off.stats
+
+
+def test_chosen_config_falls_back_below_its_break_even_tau():
+    chosen = SpecConfig(tree=TreeConfig.chain(3))
+    choice = Choice(config=chosen, predicted_tau=2.4, seconds_per_step=0.05,
+                    ar_seconds_per_token=0.0320, candidates=5)  # fmt: skip
+    assert choice.break_even_tau == pytest.approx(1.5625)
+    assert choice.with_fallback() == dataclasses.replace(chosen, fallback_tau=1.562)
 
 
 @pytest.mark.slow

@@ -146,6 +146,20 @@ def test_speculative_sampling_matches_target_distribution(target, drafter, rule)
     assert hist[1:].sum() > 0.05 * hist.sum() and hist[:-1].sum() > 0.05 * hist.sum(), hist
 
 
+def test_fallback_to_plain_steps_keeps_the_target_distribution(target, drafter):
+    """SpecConfig.fallback_tau: one speculative step (a one-hot tree), then plain decoding steps
+    in the same loop for the rest: the joint distribution is still the target's."""
+    config = SpecConfig(tree=TreeConfig(branching=(2, 1)), fallback_tau=10.0, fallback_after=1)
+    tokens, stats = run_rows(target, drafter, config, SamplingConfig(temperature=1.0), seed=2)
+    exact = exact_joint(target, SamplingConfig(temperature=1.0))
+    problem = distribution_mismatch(empirical_joint(tokens), exact, N_ROWS)
+    assert problem is None, problem
+    calls, plain = np.asarray(stats["target_calls"]), np.asarray(stats["plain_steps"])
+    np.testing.assert_array_equal(calls - plain, 1)  # the first step alone speculated
+    # Both kinds of step emitted tokens: some rows needed plain steps, some finished in one.
+    assert 0.05 < (plain > 0).mean() < 0.95, (plain > 0).mean()
+
+
 @pytest.mark.slow
 def test_sampling_transform_is_applied_to_both_sides(target, drafter):
     sampling = SamplingConfig(temperature=0.7, top_k=5, top_p=0.9)

@@ -59,6 +59,46 @@ def assert_stats_consistent(out, path_slots: int) -> None:
     )
 
 
+@pytest.mark.parametrize("tree", list(TREES))
+@pytest.mark.parametrize("batch", [1, 4])
+def test_fallback_to_plain_steps_keeps_greedy_output(tiny_pair, tree, batch):
+    """SpecConfig.fallback_tau above any reachable tau: after fallback_after speculative steps
+    the loop decodes plainly, with the same tokens as `generate` (also across the cache's
+    reserved slots: the budget ends next to max_seq_len for the longest prompt). A break-even
+    of 1 (never above tau) keeps every step speculative, tokens and stats as without it."""
+    target, drafter = tiny_pair
+    prompts = RAGGED[:batch]
+    n = (
+        TINY.max_seq_len
+        - max(map(len, prompts))
+        - specjax.cache.tree_reserve(TREES[tree].num_nodes, TREES[tree].max_depth)
+    )
+    ref = specjax.generate(target, prompts, max_new_tokens=n)
+    plain = specjax.speculative_generate(target, drafter, prompts, max_new_tokens=n,
+        config=SpecConfig(tree=TREES[tree], fallback_tau=50.0, fallback_after=3))  # fmt: skip
+    np.testing.assert_array_equal(np.asarray(plain.tokens), np.asarray(ref.tokens))
+    np.testing.assert_array_equal(np.asarray(plain.lengths), np.asarray(ref.lengths))
+    assert_stats_consistent(plain, TREES[tree].max_depth + 1)
+    calls, steps = np.asarray(plain.stats["target_calls"]), np.asarray(plain.stats["plain_steps"])
+    np.testing.assert_array_equal(calls - steps, 3)
+    assert (steps > 0).all(), steps
+    spec = specjax.speculative_generate(target, drafter, prompts, max_new_tokens=n,
+                                        config=SpecConfig(tree=TREES[tree]))  # fmt: skip
+    never = specjax.speculative_generate(target, drafter, prompts, max_new_tokens=n,
+        config=SpecConfig(tree=TREES[tree], fallback_tau=1.0, fallback_after=1))  # fmt: skip
+    np.testing.assert_array_equal(np.asarray(never.tokens), np.asarray(ref.tokens))
+    assert int(np.asarray(never.stats["plain_steps"]).sum()) == 0
+    for name in ("target_calls", "accepted_hist"):
+        np.testing.assert_array_equal(np.asarray(never.stats[name]), np.asarray(spec.stats[name]))
+
+
+def test_fallback_settings_are_checked():
+    with pytest.raises(ValueError, match="fallback_tau must be > 0"):
+        SpecConfig(fallback_tau=0.0)
+    with pytest.raises(ValueError, match="fallback_after must be >= 1"):
+        SpecConfig(fallback_tau=2.0, fallback_after=0)
+
+
 def test_eos_and_lengths_match_generate(tiny_pair):
     target, drafter = tiny_pair
     ref = specjax.generate(target, RAGGED, max_new_tokens=16)

@@ -64,6 +64,7 @@ class Row:
     chosen_tree: str = ""  # SpecConfig.auto() rows: what it chose and predicted
     predicted_tau: float = math.nan
     predicted_speedup: float = math.nan
+    fallback: str = ""  # auto rows: "k/n prompts, x% of steps" decoded plainly after a fallback
     # Rows with an intermediate level (HiSpec, exit verify): tokens per call of the verify exit.
     intermediate_tau: float = math.nan
 
@@ -244,6 +245,10 @@ def _rows(target, prompts, sampling, methods, runners, timings, log) -> list[Row
             row.draft_nodes = row.chosen_tree
             row.predicted_tau = float(out.choice["predicted_tau"])
             row.predicted_speedup = float(out.choice["predicted_speedup"])
+            row.fallback = (
+                f"{out.choice['fell_back']}/{row.n_prompts} prompts, "
+                f"{out.choice['plain_share']:.0%} of steps"
+            )
         if out.intermediate_tau:
             row.intermediate_tau = float(np.mean(out.intermediate_tau))
         if out.pre_verifier_stops and out.draft_len:

@@ -192,8 +192,14 @@ def _combined_choice(stats: list[dict]) -> dict | None:
     if not stats:
         return None
     trees = list(dict.fromkeys(str(s["tree"]) for s in stats))
+    plain = [int(np.asarray(s["plain_steps"])[0]) for s in stats if "plain_steps" in s]
+    calls = [int(np.asarray(s["target_calls"])[0]) for s in stats if "plain_steps" in s]
     return {
         "tree": " / ".join(trees),
         "predicted_tau": float(np.mean([float(s["predicted_tau"]) for s in stats])),
         "predicted_speedup": float(np.mean([float(s["predicted_speedup"]) for s in stats])),
+        # Prompts whose call stopped speculating (SpecConfig.fallback_tau), and the share of
+        # all target calls that were plain decoding steps.
+        "fell_back": sum(n > 0 for n in plain),
+        "plain_share": sum(plain) / max(sum(calls), 1),
     }
