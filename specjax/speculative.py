@@ -15,7 +15,9 @@ token) is pending at position `lengths`. One step:
      extra token becomes the new root. Rows that finish in this step (or earlier) do not advance,
      so no row ever writes past its reserved slots (cache.tree_reserve).
 Randomness of step s of row b comes from fold_in(keys[b], lengths[b]), so a row's output depends
-only on its own prompt and key, whatever else is in the batch.
+only on its own prompt and key, whatever else is in the batch. One exception: with
+SpecConfig.fallback_tau the whole batch stops speculating at once (from the batch's mean tokens
+per call), and a sampled row's draws then depend on when that happened; its distribution does not.
 """
 
 from __future__ import annotations

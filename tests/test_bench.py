@@ -89,6 +89,11 @@ def test_parse_method():
     assert isinstance(auto.config, AutoSpecConfig) and auto.config.allow_autoregressive
     forced = bench.parse_method("self:2@auto-tree")
     assert forced.name == "self-draft 2L auto-tree" and not forced.config.allow_autoregressive
+    assert auto.config.fallback and forced.config.fallback
+    whole = bench.parse_method("self:2@auto-tree-nostop")
+    assert whole.name == "self-draft 2L auto-tree-nostop" and not whole.config.fallback
+    assert not whole.config.allow_autoregressive
+    assert not bench.parse_method("self:2@auto-nostop").config.fallback
     assert bench.parse_method("hf-pld:5").lookup_tokens == 5
     assert bench.parse_method("hf-assisted:x/model.bin").kind == bench.HF_ASSISTED
     assert bench.parse_method("ar").kind == bench.AR

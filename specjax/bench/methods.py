@@ -74,6 +74,9 @@ class Method:
     rule: str = "auto"
     auto: bool = False
     auto_fallback: bool = True  # auto: may choose plain decoding when no tree is predicted faster
+    # auto: the chosen tree may stop within a call whose tokens per call stay below its
+    # break-even (SpecConfig.auto(fallback=...), the rest decoded plainly in the same loop)
+    auto_stops: bool = True
     lookup_tokens: int = DEFAULT_LOOKUP_TOKENS
     exit_heads: str | None = None
     label: str = ""
@@ -95,7 +98,9 @@ class Method:
     @property
     def config(self) -> SpecConfig | AutoSpecConfig:
         if self.auto:
-            return SpecConfig.auto(rule=self.rule, allow_autoregressive=self.auto_fallback)
+            return SpecConfig.auto(
+                rule=self.rule, allow_autoregressive=self.auto_fallback, fallback=self.auto_stops
+            )
         return SpecConfig(tree=self.tree or TreeConfig(), rule=self.rule)
 
     @property
@@ -118,7 +123,8 @@ class Method:
             who = checkpoint_label(self.drafter)
         rule = "" if self.rule == "auto" else f", {self.rule}"
         if self.auto:
-            return f"{who} auto{'' if self.auto_fallback else '-tree'}{rule}"
+            stops = "" if self.auto_stops else "-nostop"
+            return f"{who} auto{'' if self.auto_fallback else '-tree'}{stops}{rule}"
         tree = self.config.tree
         via = f" + exit verify ({checkpoint_label(self.exit_heads)})" if self.exit_heads else ""
         if tree.is_chain:
@@ -148,7 +154,8 @@ def parse_method(spec: str) -> Method:
 
     ar | hf | hf-pld[:K] | hf-assisted:CHECKPOINT | DRAFTER[@N,DEPTH,TOPK[@RULE]]
     | DRAFTER@auto[@RULE] | DRAFTER@auto-tree[@RULE] (the chosen tree even when plain decoding
-    is predicted faster)
+    is predicted faster); -nostop after either (auto-nostop, auto-tree-nostop): the chosen tree
+    for the whole call, without the default's stop below its break-even tau
 
     DRAFTER is self:K, a draft checkpoint (same vocabulary as the target) or a trained drafter
     directory (checkpoints/...); the tree is `specjax generate --tree`'s N,DEPTH,TOPK (default: a
@@ -168,9 +175,11 @@ def parse_method(spec: str) -> Method:
     if not drafter or len(rest) > 2:
         raise ValueError(f"method {spec!r}: expected DRAFTER[@N,DEPTH,TOPK[@RULE]]")
     rule = rest[1] if len(rest) > 1 else "auto"
-    if rest and rest[0] in ("auto", "auto-tree"):
-        fallback = rest[0] == "auto"
-        return Method(kind=SPEC, drafter=drafter, auto=True, auto_fallback=fallback, rule=rule)
+    if rest and rest[0] in ("auto", "auto-tree", "auto-nostop", "auto-tree-nostop"):
+        fallback = not rest[0].startswith("auto-tree")
+        stops = not rest[0].endswith("-nostop")
+        return Method(kind=SPEC, drafter=drafter, auto=True, auto_fallback=fallback,
+                      auto_stops=stops, rule=rule)  # fmt: skip
     from specjax.drafters.spec import tree_for
 
     tree = tree_for(resolve_drafter(drafter), rest[0] if rest else None)
