@@ -192,7 +192,8 @@ class SpecConfig:
     pre_verify: let the drafter's pre-verifier (PACER, specjax.pre_verify) stop drafting early
     and prune the tree, when the drafter has one; False drafts and verifies the whole tree.
     fallback_tau: when set, speculation stops for the rest of the call once, after at least
-    fallback_after steps, the batch emits fewer than fallback_tau tokens per target call (its
+    fallback_after steps, the batch's tokens per target call are below fallback_tau by more
+    than one standard error of their mean (its
     break-even: the step's cost over a plain decoding step's, which SpecConfig.auto() sets from
     its measured costs); the remaining tokens are decoded plainly inside the same loop (stats
     plain_steps). The output is the same either way: only the speed changes.

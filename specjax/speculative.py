@@ -212,13 +212,18 @@ class SpeculativeLoop:
 
     def falls_back(self, s: SpecState) -> jax.Array:
         """[B] whether speculation stops now (the same value in every row): after at least
-        fallback_after steps, the batch has emitted fewer than fallback_tau tokens per target
-        call, so a speculative step is predicted to cost more than the tokens it brings."""
+        fallback_after steps, the batch's tokens per target call are below fallback_tau by
+        more than one standard error of their mean, so a speculative step is predicted to cost
+        more than the tokens it brings. Why the standard error: a few steps' mean is noisy
+        (one step emits 1 to P tokens), and a stop is for the rest of the call."""
         cfg = self.config
-        calls = jnp.sum(s.target_calls)
-        accepted = jnp.sum(s.accepted_hist * jnp.arange(self.path_slots)[None, :])
+        hist = jnp.sum(s.accepted_hist, axis=0).astype(jnp.float32)  # [P] steps by n_accepted
+        emitted = jnp.arange(1, self.path_slots + 1, dtype=jnp.float32)
+        calls = jnp.maximum(jnp.sum(hist), 1.0)
+        mean = jnp.sum(hist * emitted) / calls
+        var = jnp.maximum(jnp.sum(hist * emitted**2) / calls - mean**2, 0.0)
         low = (jnp.max(s.target_calls) >= cfg.fallback_after) & (
-            accepted + calls < cfg.fallback_tau * calls
+            mean + jnp.sqrt(var / calls) < cfg.fallback_tau
         )
         return s.plain | low
 

@@ -134,8 +134,8 @@ def write_markdown(
             "",
             "fell back: the default call stops speculating when, after 8 steps, its tokens per "
             "call are below the chosen tree's break-even (step cost over a plain decoding "
-            "step's) and decodes the rest plainly in the same loop; measured tau counts those "
-            "plain steps (1 token each).",
+            "step's) by more than one standard error, and decodes the rest plainly in the same "
+            "loop; measured tau counts those plain steps (1 token each).",
             "",
         ]
     leveled = [r for r in rows if not math.isnan(r.intermediate_tau)]
