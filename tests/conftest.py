@@ -35,3 +35,15 @@ def private_cost_cache(tmp_path_factory):
         os.environ.pop("SPECJAX_CACHE", None)
     else:
         os.environ["SPECJAX_CACHE"] = old
+
+
+@pytest.fixture(scope="module", autouse=True)
+def release_compiled_programs():
+    """Drop JAX's compiled programs after each test module. Why: the default run compiles
+    thousands of programs in one process, and each keeps memory mappings alive; near the end
+    of the run XLA's CPU compiler crashed (segmentation fault) while compiling, which is what
+    running out of mappings (vm.max_map_count, 65530 here) looks like."""
+    yield
+    import jax
+
+    jax.clear_caches()
