@@ -54,7 +54,8 @@ class AcceptanceProfile:
     probe's own tokens per step; rank_accept[d - 1][r], rank_count[d - 1][r]: acceptance and
     number of children of rank r at depth d whose parent was accepted (for dynamic trees the
     rank among siblings by draft probability); tau_table: dynamic only (module docstring);
-    prompts: what the calibration prompts were.
+    prompts: what the calibration prompts were; shift: the acceptance shift applied to the
+    measured profile (scaled()), 1.0 as measured.
     """
 
     kind: str
@@ -66,6 +67,7 @@ class AcceptanceProfile:
     rank_count: tuple[tuple[int, ...], ...]
     tau_table: tuple[tuple[float, ...], ...] = ()
     prompts: str = ""
+    shift: float = 1.0  # see scaled(); 1.0 for a profile as measured
 
     @property
     def depth(self) -> int:
@@ -109,6 +111,31 @@ class AcceptanceProfile:
             reach *= min(sum(self.rank_accept[d][:b]), 1.0)
             expected += reach
         return expected
+
+    def scaled(self, shift: float) -> AcceptanceProfile:
+        """This profile for prompts on which every depth's acceptance (given the parent's) is
+        `shift` times what calibration measured, so P(at least k draft tokens accepted) scales by
+        shift^k. Static trees: each rank's acceptance scales (capped at 1). Dynamic trees: the
+        table's per-depth increments tau[k][n] - tau[k - 1][n] (what the k-th level adds with n
+        nodes) scale by shift^k, and tau stays within [1, depth + 1]. Used by
+        specjax.adaptation, which learns the shift from the calls a process made."""
+        if shift <= 0:
+            raise ValueError(f"shift must be > 0, got {shift}")
+        if shift == 1.0:
+            return self
+        ranks = tuple(tuple(min(a * shift, 1.0) for a in row) for row in self.rank_accept)
+        table = self.tau_table
+        if self.kind == "dynamic":
+            below = np.ones(len(table[0]))
+            scaled, rows = below.copy(), []
+            for k, row in enumerate(np.asarray(table, np.float64), start=1):
+                scaled = scaled + (row - below) * shift**k
+                rows.append(tuple(float(x) for x in np.clip(scaled, 1.0, k + 1.0)))
+                below = row
+            table = tuple(rows)
+        return dataclasses.replace(
+            self, rank_accept=ranks, tau_table=table, shift=self.shift * shift
+        )
 
     def to_json(self) -> dict:
         return {"version": FORMAT_VERSION, **dataclasses.asdict(self)}

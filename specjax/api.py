@@ -7,6 +7,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
+from specjax import adaptation
+from specjax.acceptance import mode_of
 from specjax.cache import tree_reserve
 from specjax.choice import resolve_auto
 from specjax.config import AutoSpecConfig, SamplingConfig, SpecConfig
@@ -41,8 +43,9 @@ def speculative_generate(
 
     config: SpecConfig.auto() (the default) chooses the draft tree for this backend, target,
     drafter and batch (specjax.choice; the first call measures costs and may calibrate, both kept
-    on disk) and adds stats tree (its label), predicted_tau and predicted_speedup; an explicit
-    SpecConfig is used as given.
+    on disk) and adds stats tree (its label), predicted_tau, predicted_speedup and
+    acceptance_shift (how this process's earlier calls rescaled the drafter's acceptance
+    profile: specjax.adaptation); an explicit SpecConfig is used as given.
 
     drafter may also be a specjax.hispec.HiSpec (load_drafter of an exit-heads directory): the
     three-level HiSpec loop runs with the settings of its checkpoint, or with an explicit
@@ -61,6 +64,9 @@ def speculative_generate(
     # would still run its levels, so it keeps the chosen tree throughout.
     chosen = choice.with_fallback() if config.fallback and verifier is None else choice.config
     out = speculative_decode(target, drafter, prompts, config=chosen, verifier=verifier, **kwargs)
+    if config.adapt is True and verifier is None:  # the profiles predict the full target's tau
+        key = adaptation.key_of(target, drafter, mode_of(sampling))
+        adaptation.record(key, target, drafter, choice.profiles, chosen.tree, out.stats)
     out.stats.update(choice.stats())
     return out
 

@@ -21,6 +21,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from specjax import adaptation
 from specjax.acceptance import (
     PROFILE_FILE,
     AcceptanceProfile,
@@ -67,13 +68,17 @@ def _say(message: str) -> None:
 class Choice:
     """The chosen config with its predictions: tau (tokens per step), seconds per step, the
     autoregressive seconds per token it is compared with, and how many trees were weighed.
-    config None: autoregressive decoding (no tree was predicted to be faster)."""
+    config None: autoregressive decoding (no tree was predicted to be faster).
+    acceptance_shift: the factor the profiles were scaled by (specjax.adaptation); profiles:
+    the profiles as calibrated (what a call's outcome is recorded against)."""
 
     config: SpecConfig | None
     predicted_tau: float
     seconds_per_step: float
     ar_seconds_per_token: float
     candidates: int
+    acceptance_shift: float = 1.0
+    profiles: tuple = dataclasses.field(default=(), compare=False, repr=False)
 
     @property
     def predicted_speedup(self) -> float:
@@ -103,18 +108,25 @@ class Choice:
             "predicted_tau": self.predicted_tau,
             "predicted_speedup": self.predicted_speedup,
             "break_even_tau": self.break_even_tau,
+            "acceptance_shift": self.acceptance_shift,
         }
 
     def describe(self) -> str:
+        shifted = (
+            f", acceptance x{self.acceptance_shift:.2f} per depth as measured by this "
+            "process's earlier calls"
+            if self.acceptance_shift != 1.0
+            else ""
+        )
         if self.config is None:
             return (
                 f"no draft tree is predicted to beat autoregressive decoding here "
-                f"({self.candidates} trees weighed): decoding autoregressively"
+                f"({self.candidates} trees weighed{shifted}): decoding autoregressively"
             )
         return (
             f"tree {self.tree_label()} ({self.config.tree.num_nodes} nodes): predicted tau "
             f"{self.predicted_tau:.2f}, predicted speedup {self.predicted_speedup:.2f}x "
-            f"over autoregressive decoding ({self.candidates} trees weighed)"
+            f"over autoregressive decoding ({self.candidates} trees weighed{shifted})"
         )
 
 
@@ -342,6 +354,14 @@ def _plan_label(profiles, *, max_nodes, room, auto) -> str:
     return "plan-" + hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def acceptance_shift(target, drafter, mode: str, auto: AutoSpecConfig) -> float:
+    """The factor the drafter's acceptance profiles are scaled by for this call (AutoSpecConfig
+    .adapt): what this process's earlier calls measured, 1.0, or the shift given."""
+    if auto.adapt is True:
+        return adaptation.current_shift(adaptation.key_of(target, drafter, mode))
+    return 1.0 if auto.adapt is False else float(auto.adapt)
+
+
 def resolve_auto(
     target,
     drafter,
@@ -359,22 +379,25 @@ def resolve_auto(
     batch = len(prompts)
     mode = mode_of(sampling)
     context = cost_context(target, auto, call_context)
-    memo_key = (id(target), id(drafter), batch, mode, room, context, auto)
+    shift = acceptance_shift(target, drafter, mode, auto)
+    memo_key = (id(target), id(drafter), batch, mode, room, context, auto, shift)
     if memo_key in _CHOSEN:
         return _CHOSEN[memo_key][0]
     progress = _say if auto.verbose else None
-    profiles = find_profiles(target, drafter, prompts, sampling=sampling, eos_id=eos_id,
-                             max_nodes=auto.max_nodes, progress=progress)  # fmt: skip
+    calibrated = find_profiles(target, drafter, prompts, sampling=sampling, eos_id=eos_id,
+                               max_nodes=auto.max_nodes, progress=progress)  # fmt: skip
+    profiles = [p.scaled(shift) for p in calibrated]
     # Costs at the call's context (cost_context), leaving the model room for the largest tree.
     max_nodes = max(2, min(auto.max_nodes, auto.max_batch_nodes // batch))
     grid = sorted({n for n in (1, 2, 4, 8, 16, 32, 64) if n < max_nodes} | {max_nodes})
     # Timed candidates measure plain decoding alongside their steps: no separate AR timing then.
     # The grid stops where a forward costs twice the best tau any candidate can reach in
     # one-node forwards: a tree that large cannot beat plain decoding (the factor leaves room
-    # for plain decoding's own step costing more than a one-node forward).
+    # for plain decoding's own step costing more than a one-node forward). The calibrated
+    # profiles set it, so that one cost set serves every acceptance shift.
     verify = verify_costs(target, batch=batch, context=context, nodes=grid,
                           with_ar=auto.timed_candidates == 0,
-                          stop_ratio=2.0 * best_tau(profiles, max_nodes),
+                          stop_ratio=2.0 * best_tau(calibrated, max_nodes),
                           progress=progress)  # fmt: skip
     if drafter.dynamic_trees:
         extra = {"topks": tuple(sorted({p.topk for p in profiles}))}
@@ -403,7 +426,8 @@ def resolve_auto(
         min_speedup=auto.min_speedup,
         measured=measured,
     )  # fmt: skip
-    announced = (id(target), id(drafter), batch, mode, choice.tree_label())
+    choice = dataclasses.replace(choice, acceptance_shift=shift, profiles=tuple(calibrated))
+    announced = (id(target), id(drafter), batch, mode, choice.tree_label(), shift)
     if progress is not None and announced not in _ANNOUNCED:  # once, not per prompt width
         progress(choice.describe())
         _ANNOUNCED.add(announced)

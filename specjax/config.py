@@ -268,6 +268,10 @@ class AutoSpecConfig:
     the model alone). fallback: the chosen config stops speculating within a call whose
     acceptance falls below the tree's break-even (SpecConfig.fallback_tau): the acceptance
     profile can overrate prompts unlike its calibration prompts, and the first steps show it.
+    adapt: True (the default) scales the acceptance profile by the shift this process's
+    earlier calls measured (specjax.adaptation: what the stop learns within a call, carried to
+    the next one) and records this call; False uses the profile as calibrated; a number uses
+    that shift and records nothing (to repeat a choice made earlier: stats acceptance_shift).
     rule / attn_impl as in SpecConfig."""
 
     rule: str = "auto"
@@ -280,6 +284,7 @@ class AutoSpecConfig:
     min_speedup: float = 1.1
     timed_candidates: int = 3
     fallback: bool = True
+    adapt: bool | float = True
 
     def __post_init__(self):
         if self.rule not in RULES:
@@ -292,3 +297,10 @@ class AutoSpecConfig:
             raise ValueError(f"min_speedup must be > 0, got {self.min_speedup}")
         if self.timed_candidates < 0:
             raise ValueError(f"timed_candidates must be >= 0, got {self.timed_candidates}")
+        if not isinstance(self.adapt, bool) and not (
+            isinstance(self.adapt, (int, float)) and self.adapt > 0
+        ):
+            raise ValueError(
+                f"adapt must be True, False or a shift > 0 (stats acceptance_shift), "
+                f"got {self.adapt!r}"
+            )

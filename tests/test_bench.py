@@ -94,6 +94,13 @@ def test_parse_method():
     assert whole.name == "self-draft 2L auto-tree-nostop" and not whole.config.fallback
     assert not whole.config.allow_autoregressive
     assert not bench.parse_method("self:2@auto-nostop").config.fallback
+    assert auto.config.adapt is True
+    fixed = bench.parse_method("self:2@auto-tree-nostop-noadapt")
+    assert fixed.name == "self-draft 2L auto-tree-nostop-noadapt" and fixed.config.adapt is False
+    assert not fixed.config.fallback and not fixed.config.allow_autoregressive
+    for bad in ("self:2@auto-nostop-tree", "self:2@auto-fast", "self:2@auto-nostop-nostop"):
+        with pytest.raises(ValueError, match="auto"):
+            bench.parse_method(bad)
     assert bench.parse_method("hf-pld:5").lookup_tokens == 5
     assert bench.parse_method("hf-assisted:x/model.bin").kind == bench.HF_ASSISTED
     assert bench.parse_method("ar").kind == bench.AR

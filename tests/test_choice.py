@@ -9,6 +9,7 @@ import math
 import chex
 import numpy as np
 import pytest
+from auto_checks import keep_costs, static_profile
 from flax import nnx
 
 import specjax
@@ -17,18 +18,6 @@ from specjax.autotune import DraftCosts, VerifyCosts
 from specjax.choice import Choice, candidate_trees, choose, probes_for
 from specjax.config import TINY, AutoSpecConfig, SpecConfig, TreeConfig
 from specjax.drafters import LMDrafter
-
-# Static probe (2, 1): root -> nodes 1, 2 (ranks 0, 1) -> node 3 under 1, node 4 under 2.
-STATIC_PARENTS = [-1, 0, 0, 1, 2]
-STATIC_DEPTH = [0, 1, 1, 2, 2]
-STATIC_STEPS = [([0, 1, 3], 2), ([0, 2, 4], 2), ([0, 1, 0], 1), ([0, 0, 0], 0)]
-
-
-def static_profile() -> AcceptanceProfile:
-    rec = ProfileRecorder(TreeConfig(branching=(2, 1)), "greedy")
-    for path, n_acc in STATIC_STEPS:
-        rec.add(STATIC_PARENTS, STATIC_DEPTH, [True] * 5, [1.0] * 5, path, n_acc)
-    return rec.profile("synthetic")
 
 
 def test_static_profile_counts_children_of_accepted_parents():
@@ -214,31 +203,11 @@ def test_cost_context_follows_the_call():
 def test_default_call_reads_kept_costs_and_profiles(tmp_path, monkeypatch):
     """With costs and a profile already on disk, the default call measures nothing, runs the
     tree the kept numbers favour, reports it and gives generate's greedy tokens."""
-    import json
-
-    from specjax import autotune
-    from specjax.acceptance import write_profiles
-    from specjax.choice import best_tau, cost_context, pair_profile_file
-
     monkeypatch.setenv("SPECJAX_CACHE", str(tmp_path))
     target = specjax.Llama(TINY, rngs=nnx.Rngs(0))
     drafter = LMDrafter.self_draft(1)
-    auto = AutoSpecConfig(max_nodes=4, verbose=False, timed_candidates=0)
-    context = cost_context(target, auto)
-    write_profiles(pair_profile_file(target, drafter, "greedy"), [static_profile()])
-    # The grid the call asks for, with the stop rule it passes (twice the best tau).
-    verify = VerifyCosts(key=autotune.cost_key(target, batch=2, context=context),
-                         nodes=(1, 2, 4), seconds=(1.0, 1.0, 1.0), ar_token=1.0,
-                         requested=(1, 2, 4),
-                         stop_ratio=2 * best_tau([static_profile()], 4))  # fmt: skip
-    draft = DraftCosts(
-        key=autotune.drafter_key(target, drafter, batch=2, context=context),
-        kind="static", nodes=(2, 4), per_depth=(0.01, 0.01), overhead=0.0,
-    )  # fmt: skip
-    for what, costs in (("verify", verify), ("draft", draft)):
-        path = autotune._cache_file(costs.key, tmp_path, what)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(costs.to_json()))
+    auto = AutoSpecConfig(max_nodes=4, verbose=False, timed_candidates=0, adapt=False)
+    keep_costs(tmp_path, target, drafter, auto)
     before = sorted(tmp_path.rglob("*.json"))
     prompts = [[1, 2, 3], [4, 5, 6, 7, 8]]
     out = specjax.speculative_generate(target, drafter, prompts, max_new_tokens=12, config=auto)

@@ -65,6 +65,7 @@ class Row:
     predicted_tau: float = math.nan
     predicted_speedup: float = math.nan
     fallback: str = ""  # auto rows: "k/n prompts, x% of steps" decoded plainly after a fallback
+    shift: str = ""  # auto rows: the acceptance shift of the first and the last prompt
     # Rows with an intermediate level (HiSpec, exit verify): tokens per call of the verify exit.
     intermediate_tau: float = math.nan
 
@@ -249,6 +250,7 @@ def _rows(target, prompts, sampling, methods, runners, timings, log) -> list[Row
                 f"{out.choice['fell_back']}/{row.n_prompts} prompts, "
                 f"{out.choice['plain_share']:.0%} of steps"
             )
+            row.shift = out.choice["shift"]
         if out.intermediate_tau:
             row.intermediate_tau = float(np.mean(out.intermediate_tau))
         if out.pre_verifier_stops and out.draft_len:

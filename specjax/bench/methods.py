@@ -77,6 +77,9 @@ class Method:
     # auto: the chosen tree may stop within a call whose tokens per call stay below its
     # break-even (SpecConfig.auto(fallback=...), the rest decoded plainly in the same loop)
     auto_stops: bool = True
+    # auto: the choice scales the drafter's acceptance profile by what this process's earlier
+    # calls measured (AutoSpecConfig.adapt; the runner replays each prompt's shift when timing)
+    auto_adapts: bool = True
     lookup_tokens: int = DEFAULT_LOOKUP_TOKENS
     exit_heads: str | None = None
     label: str = ""
@@ -99,8 +102,9 @@ class Method:
     def config(self) -> SpecConfig | AutoSpecConfig:
         if self.auto:
             return SpecConfig.auto(
-                rule=self.rule, allow_autoregressive=self.auto_fallback, fallback=self.auto_stops
-            )
+                rule=self.rule, allow_autoregressive=self.auto_fallback, fallback=self.auto_stops,
+                adapt=self.auto_adapts,
+            )  # fmt: skip
         return SpecConfig(tree=self.tree or TreeConfig(), rule=self.rule)
 
     @property
@@ -124,7 +128,8 @@ class Method:
         rule = "" if self.rule == "auto" else f", {self.rule}"
         if self.auto:
             stops = "" if self.auto_stops else "-nostop"
-            return f"{who} auto{'' if self.auto_fallback else '-tree'}{stops}{rule}"
+            adapts = "" if self.auto_adapts else "-noadapt"
+            return f"{who} auto{'' if self.auto_fallback else '-tree'}{stops}{adapts}{rule}"
         tree = self.config.tree
         via = f" + exit verify ({checkpoint_label(self.exit_heads)})" if self.exit_heads else ""
         if tree.is_chain:
@@ -154,8 +159,9 @@ def parse_method(spec: str) -> Method:
 
     ar | hf | hf-pld[:K] | hf-assisted:CHECKPOINT | DRAFTER[@N,DEPTH,TOPK[@RULE]]
     | DRAFTER@auto[@RULE] | DRAFTER@auto-tree[@RULE] (the chosen tree even when plain decoding
-    is predicted faster); -nostop after either (auto-nostop, auto-tree-nostop): the chosen tree
-    for the whole call, without the default's stop below its break-even tau
+    is predicted faster); after either, -nostop (the chosen tree for the whole call, without
+    the default's stop below its break-even tau) and/or -noadapt (the acceptance profile as
+    calibrated, not scaled by what earlier calls measured): e.g. auto-tree-nostop-noadapt
 
     DRAFTER is self:K, a draft checkpoint (same vocabulary as the target) or a trained drafter
     directory (checkpoints/...); the tree is `specjax generate --tree`'s N,DEPTH,TOPK (default: a
@@ -175,11 +181,16 @@ def parse_method(spec: str) -> Method:
     if not drafter or len(rest) > 2:
         raise ValueError(f"method {spec!r}: expected DRAFTER[@N,DEPTH,TOPK[@RULE]]")
     rule = rest[1] if len(rest) > 1 else "auto"
-    if rest and rest[0] in ("auto", "auto-tree", "auto-nostop", "auto-tree-nostop"):
-        fallback = not rest[0].startswith("auto-tree")
-        stops = not rest[0].endswith("-nostop")
-        return Method(kind=SPEC, drafter=drafter, auto=True, auto_fallback=fallback,
-                      auto_stops=stops, rule=rule)  # fmt: skip
+    if rest and rest[0].split("-")[0] == "auto":
+        first, *switches = rest[0].split("-")
+        unknown = set(switches) - {"tree", "nostop", "noadapt"}
+        if unknown or len(set(switches)) < len(switches) or "tree" in switches[1:]:
+            raise ValueError(
+                f"method {spec!r}: expected auto[-tree][-nostop][-noadapt], got {rest[0]!r}"
+            )
+        return Method(kind=SPEC, drafter=drafter, auto=True, auto_fallback="tree" not in switches,
+                      auto_stops="nostop" not in switches, auto_adapts="noadapt" not in switches,
+                      rule=rule)  # fmt: skip
     from specjax.drafters.spec import tree_for
 
     tree = tree_for(resolve_drafter(drafter), rest[0] if rest else None)

@@ -120,22 +120,26 @@ def write_markdown(
             "## Predicted vs measured (SpecConfig.auto() rows)",
             "",
             "| target | dataset | T | method | chosen tree | tau predicted / measured | "
-            "speedup predicted / measured | speedup error | fell back to plain steps |",
-            "|---|---|---|---|---|---|---|---|---|",
+            "speedup predicted / measured | speedup error | fell back to plain steps | "
+            "acceptance shift |",
+            "|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in predicted:
             err = r.predicted_speedup / r.speedup - 1
             lines.append(
                 f"| {r.target} | {r.dataset} | {r.temperature:g} | {r.method} | {r.chosen_tree} "
                 f"| {r.predicted_tau:.2f} / {r.tau:.2f} | {r.predicted_speedup:.2f}x / "
-                f"{r.speedup:.2f}x | {err:+.0%} | {r.fallback or '-'} |"
+                f"{r.speedup:.2f}x | {err:+.0%} | {r.fallback or '-'} | {r.shift or '-'} |"
             )
         lines += [
             "",
             "fell back: the default call stops speculating when, after 8 steps, its tokens per "
             "call are below the chosen tree's break-even (step cost over a plain decoding "
             "step's) by more than one standard error, and decodes the rest plainly in the same "
-            "loop; measured tau counts those plain steps (1 token each).",
+            "loop; measured tau counts those plain steps (1 token each). acceptance shift: the "
+            "factor by which the choice scaled the drafter's per-depth acceptance, fitted to the "
+            "calls before (specjax.adaptation): prompts are decoded in order once, each choosing "
+            "from the prompts before it, and the timed repetitions replay each prompt's choice.",
             "",
         ]
     leveled = [r for r in rows if not math.isnan(r.intermediate_tau)]

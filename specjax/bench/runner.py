@@ -98,6 +98,7 @@ class SpecjaxRunner(Runner):
         super().__init__(prompts)
         self.target, self.method, self.drafter, self.sampling = target, method, drafter, sampling
         self.verifier = None
+        self.shifts: dict[int, float] = {}  # prompt -> acceptance shift (see replays_shifts)
         if method.exit_heads is not None:
             from specjax.datasets import resolve_path
             from specjax.verifiers.early_exit import EarlyExitVerifier
@@ -105,9 +106,19 @@ class SpecjaxRunner(Runner):
             path = resolve_path(method.exit_heads)
             self.verifier = EarlyExitVerifier.from_checkpoint(path, target.model)
 
+    @property
+    def replays_shifts(self) -> bool:
+        """An adapting default call (AutoSpecConfig.adapt): the warm-up decodes every prompt in
+        order, so each prompt's choice uses what the prompts before it measured (and compiles
+        what it picks), and the timed calls replay each prompt's shift (stats acceptance_shift)
+        instead of adapting further on prompts already seen."""
+        return self.drafter is not None and self.method.auto and self.method.auto_adapts
+
     def warm_indices(self) -> list[int]:
         from specjax.decode import prepare_prompts
 
+        if self.replays_shifts:
+            return list(range(len(self.prompts.prompts)))
         extra = 0
         if self.drafter is not None and not self.method.auto:
             tree = self.method.config.tree
@@ -131,11 +142,16 @@ class SpecjaxRunner(Runner):
         )
         if self.drafter is None:
             out = specjax.generate(self.target.model, [list(prompt.ids)], **kw)
-        else:
-            out = specjax.speculative_generate(
-                self.target.model, self.drafter, [list(prompt.ids)], config=self.method.config,
-                verifier=self.verifier, **kw,
-            )  # fmt: skip
+            return jax.block_until_ready(out)
+        config = self.method.config
+        if self.replays_shifts and self.warm_s is not None:
+            config = dataclasses.replace(config, adapt=self.shifts[i])
+        out = specjax.speculative_generate(
+            self.target.model, self.drafter, [list(prompt.ids)], config=config,
+            verifier=self.verifier, **kw,
+        )  # fmt: skip
+        if self.replays_shifts and self.warm_s is None:
+            self.shifts[i] = float(out.stats["acceptance_shift"])
         return jax.block_until_ready(out)
 
     def decoded(self) -> Decoded:
@@ -193,6 +209,7 @@ def _combined_choice(stats: list[dict]) -> dict | None:
         return None
     trees = list(dict.fromkeys(str(s["tree"]) for s in stats))
     plain = [int(np.asarray(s["plain_steps"])[0]) for s in stats if "plain_steps" in s]
+    shifts = [float(s.get("acceptance_shift", 1.0)) for s in stats]
     calls = [int(np.asarray(s["target_calls"])[0]) for s in stats if "plain_steps" in s]
     return {
         "tree": " / ".join(trees),
@@ -202,4 +219,8 @@ def _combined_choice(stats: list[dict]) -> dict | None:
         # all target calls that were plain decoding steps.
         "fell_back": sum(n > 0 for n in plain),
         "plain_share": sum(plain) / max(sum(calls), 1),
+        # The acceptance shift (specjax.adaptation) the first and the last prompt chose with.
+        "shift": f"{shifts[0]:.2f}"
+        if len(set(shifts)) == 1
+        else f"{shifts[0]:.2f} -> {shifts[-1]:.2f}",
     }

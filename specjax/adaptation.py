@@ -1,0 +1,130 @@
+"""The acceptance shift: how a drafter's acceptance on the prompts a process decodes compares with
+its calibration profile, learned from the calls SpecConfig.auto() made in this process.
+
+Why: acceptance profiles are measured on held-in prompts (specjax.calibration), and a user's
+prompts can be harder. The shipped SmolLM2 drafters are the example: on MT-bench the default
+call's trees reach tau 1.6-1.9 where their profiles predict 2.1-2.4, so the choice favours trees
+that do not pay there. The within-call stop (SpecConfig.fallback_tau) limits the damage inside a
+call; the shift carries what calls measured into the next call's choice.
+
+Model: one factor `shift` scales every depth's acceptance given the parent's
+(AcceptanceProfile.scaled). After a call that speculated, its speculative steps and the tokens
+they emitted are kept with the tree and the (unscaled) profiles it was chosen from. The shift is
+the factor at which the profiles predict the kept tokens over all kept calls, shrunk toward 1
+(the calibration) by a prior worth PRIOR_STEPS steps, rounded to QUANTUM so that a handful of
+trees (each compiled once) serve a process. Nothing is written to disk: the shift describes this
+process's prompts.
+
+Keys are (target, drafter, sampling mode) by identity, like specjax.choice's memo. A call whose
+choice was plain decoding measures nothing, so a process whose shift made plain decoding the
+choice stays there; `reset()` forgets what was learned.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+
+from specjax.acceptance import AcceptanceProfile
+from specjax.config import TreeConfig
+
+PRIOR_STEPS = 32  # the calibration's weight, in speculative steps
+QUANTUM = 0.1  # each distinct shift may time its own candidate trees (specjax.choice)
+MAX_CALLS = 256  # the latest calls kept per key
+SHIFT_RANGE = (0.05, 2.0)
+
+
+@dataclasses.dataclass
+class Observation:
+    """One call: its tree, the profiles it was chosen from, and its speculative steps and the
+    tokens they emitted (summed over rows; arrays until first read, so that recording a call
+    does not wait for it)."""
+
+    profiles: tuple[AcceptanceProfile, ...]
+    tree: TreeConfig
+    steps: object
+    tokens: object
+
+    def counts(self) -> tuple[float, float]:
+        self.steps, self.tokens = float(np.asarray(self.steps)), float(np.asarray(self.tokens))
+        return self.steps, self.tokens
+
+
+# key -> (target, drafter, [Observation]); holding target and drafter keeps their ids unique.
+_CALLS: dict[tuple, tuple] = {}
+
+
+def key_of(target, drafter, mode: str) -> tuple:
+    return (id(target), id(drafter), mode)
+
+
+def predicted_tau(profiles: Sequence[AcceptanceProfile], tree: TreeConfig, shift: float) -> float:
+    """tau of `tree` under the profiles scaled by shift: the best profile covering it (as
+    specjax.choice.rank weighs each profile's candidates)."""
+    return max(p.scaled(shift).predict_tau(tree) for p in profiles if p.covers(tree))
+
+
+def speculative_counts(stats: dict) -> tuple[object, object]:
+    """(speculative steps, tokens they emitted) of a call's stats, summed over rows: plain steps
+    after a stop (stats plain_steps, one token each, recorded as accepted length 0) excluded."""
+    import jax.numpy as jnp
+
+    hist = jnp.asarray(stats["accepted_hist"])
+    emitted = jnp.arange(1, hist.shape[1] + 1)
+    plain = jnp.sum(jnp.asarray(stats.get("plain_steps", 0)))
+    steps = jnp.sum(hist) - plain
+    return steps, jnp.sum(hist * emitted[None, :]) - plain
+
+
+def record(key: tuple, target, drafter, profiles, tree: TreeConfig, stats: dict) -> None:
+    """Keep a speculative call's outcome (stats of speculative_generate) under key."""
+    steps, tokens = speculative_counts(stats)
+    _, _, calls = _CALLS.setdefault(key, (target, drafter, []))
+    calls.append(Observation(tuple(profiles), tree, steps, tokens))
+    del calls[:-MAX_CALLS]
+
+
+def fit_shift(calls: Sequence[Observation], prior_steps: float = PRIOR_STEPS) -> float:
+    """The shift at which the calls' profiles predict the tokens their speculative steps emitted,
+    with the calibration (shift 1 on the first call's tree) weighing prior_steps steps. Predicted
+    tokens grow with the shift; bisection within SHIFT_RANGE."""
+    counts = [c.counts() for c in calls]
+    first = calls[0]
+
+    def excess(shift: float) -> float:
+        predicted = sum(s * predicted_tau(c.profiles, c.tree, shift)
+                        for c, (s, _) in zip(calls, counts, strict=True))  # fmt: skip
+        prior = prior_steps * (
+            predicted_tau(first.profiles, first.tree, shift)
+            - predicted_tau(first.profiles, first.tree, 1.0)
+        )
+        return predicted + prior - sum(t for _, t in counts)
+
+    lo, hi = SHIFT_RANGE
+    if excess(lo) >= 0:
+        return lo
+    if excess(hi) <= 0:
+        return hi
+    for _ in range(40):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if excess(mid) < 0 else (lo, mid)
+    return 0.5 * (lo + hi)
+
+
+def current_shift(key: tuple) -> float:
+    """The shift for the next call under key: 1.0 before any speculative call, else fit_shift
+    over the kept calls, rounded to QUANTUM."""
+    entry = _CALLS.get(key)
+    if entry is None or not entry[2]:
+        return 1.0
+    calls = [c for c in entry[2] if c.counts()[0] > 0]
+    if not calls:
+        return 1.0
+    return max(QUANTUM, round(round(fit_shift(calls) / QUANTUM) * QUANTUM, 6))
+
+
+def reset() -> None:
+    """Forget every shift learned in this process."""
+    _CALLS.clear()

@@ -1,0 +1,42 @@
+"""Shared pieces of the SpecConfig.auto() tests: a synthetic static acceptance profile and
+costs kept in a cache folder, so that a default call measures and calibrates nothing."""
+
+import json
+
+from specjax import autotune
+from specjax.acceptance import AcceptanceProfile, ProfileRecorder, write_profiles
+from specjax.autotune import DraftCosts, VerifyCosts
+from specjax.choice import best_tau, cost_context, pair_profile_file
+from specjax.config import TreeConfig
+
+# Static probe (2, 1): root -> nodes 1, 2 (ranks 0, 1) -> node 3 under 1, node 4 under 2.
+STATIC_PARENTS = [-1, 0, 0, 1, 2]
+STATIC_DEPTH = [0, 1, 1, 2, 2]
+STATIC_STEPS = [([0, 1, 3], 2), ([0, 2, 4], 2), ([0, 1, 0], 1), ([0, 0, 0], 0)]
+
+
+def static_profile() -> AcceptanceProfile:
+    rec = ProfileRecorder(TreeConfig(branching=(2, 1)), "greedy")
+    for path, n_acc in STATIC_STEPS:
+        rec.add(STATIC_PARENTS, STATIC_DEPTH, [True] * 5, [1.0] * 5, path, n_acc)
+    return rec.profile("synthetic")
+
+
+def keep_costs(cache, target, drafter, auto) -> None:
+    """Write static_profile() as the (target, drafter) pair's greedy profile and flat costs
+    (every forward 1 s, 0.01 s a draft depth) for batch 2 into the cache folder."""
+    context = cost_context(target, auto)
+    write_profiles(pair_profile_file(target, drafter, "greedy"), [static_profile()])
+    # The grid the call asks for, with the stop rule it passes (twice the best tau).
+    verify = VerifyCosts(key=autotune.cost_key(target, batch=2, context=context),
+                         nodes=(1, 2, 4), seconds=(1.0, 1.0, 1.0), ar_token=1.0,
+                         requested=(1, 2, 4),
+                         stop_ratio=2 * best_tau([static_profile()], 4))  # fmt: skip
+    draft = DraftCosts(
+        key=autotune.drafter_key(target, drafter, batch=2, context=context),
+        kind="static", nodes=(2, 4), per_depth=(0.01, 0.01), overhead=0.0,
+    )  # fmt: skip
+    for what, costs in (("verify", verify), ("draft", draft)):
+        path = autotune._cache_file(costs.key, cache, what)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(costs.to_json()))
