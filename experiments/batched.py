@@ -172,9 +172,12 @@ def main(argv=None) -> int:
         return run
 
     def run_spec(prompts):
+        # adapt=False: every repetition makes the first call's choice (a shift learned from the
+        # repetitions before would time another tree, and compile it inside a timed run).
         out = specjax.speculative_generate(
-            loaded.model, drafter, prompts, max_new_tokens=args.max_new_tokens, eos_id=eos
-        )
+            loaded.model, drafter, prompts, max_new_tokens=args.max_new_tokens, eos_id=eos,
+            config=specjax.SpecConfig.auto(adapt=False),
+        )  # fmt: skip
         return jax.block_until_ready(out)
 
     def spec_fixed(tree, compact: bool):

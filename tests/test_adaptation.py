@@ -9,7 +9,7 @@ import pytest
 from flax import nnx
 
 import specjax
-from specjax import adaptation
+from specjax import adaptation, choice
 from specjax.acceptance import AcceptanceProfile, ProfileRecorder
 from specjax.config import TINY, AutoSpecConfig, TreeConfig
 from specjax.drafters import LMDrafter
@@ -132,6 +132,11 @@ def test_default_call_records_its_outcome_and_the_next_call_uses_it(tmp_path, mo
     np.testing.assert_array_equal(np.asarray(second.tokens), np.asarray(ref.tokens))
     assert second.stats["acceptance_shift"] == expected != 1.0
     assert len(adaptation._CALLS[key][2]) == 2
+    # Giving that shift back repeats the choice from memory (no fingerprints, no file reads).
+    chosen = len(choice._CHOSEN)
+    given = dataclasses.replace(auto, adapt=expected)
+    again = specjax.speculative_generate(target, drafter, prompts, max_new_tokens=12, config=given)
+    assert len(choice._CHOSEN) == chosen and again.stats["tree"] == second.stats["tree"]
     fixed = dataclasses.replace(auto, adapt=0.5)
     third = specjax.speculative_generate(target, drafter, prompts, max_new_tokens=12, config=fixed)
     np.testing.assert_array_equal(np.asarray(third.tokens), np.asarray(ref.tokens))

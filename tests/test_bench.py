@@ -167,6 +167,39 @@ def test_bench_tiny_model_table_and_plots(tiny_target, tmp_path):
     assert {"auto_predicted.png", "auto_tverify.png"} <= {p.name for p in plots}
 
 
+def test_adapting_default_warms_every_prompt_and_replays_its_shift(tiny_target, monkeypatch):
+    """The bench's adapting default: the warm-up decodes every prompt in order, each choosing
+    with what the prompts before it measured, and the timed runs replay each prompt's shift
+    (so no run adapts on prompts already seen, nor compiles a new tree while timed)."""
+    from specjax.bench.runner import SpecjaxRunner
+
+    seen = []
+
+    def fake(model, drafter, prompts, *, config, **kwargs):
+        seen.append(config.adapt)
+        shift = 1.0 - 0.1 * (len(seen) - 1) if config.adapt is True else config.adapt
+        return specjax.GenerateOutput(
+            tokens=np.zeros((1, 8), np.int32), lengths=np.array([8]),
+            stats={"acceptance_shift": shift},
+        )  # fmt: skip
+
+    monkeypatch.setattr(specjax, "speculative_generate", fake)
+    prompts = tiny_prompts(n=3)
+    adapting = SpecjaxRunner(tiny_target, bench.parse_method("self:1@auto"), "drafter", prompts,
+                             specjax.SamplingConfig())  # fmt: skip
+    assert adapting.warm_indices() == [0, 1, 2]
+    adapting()  # warm-up
+    adapting()  # a timed run
+    assert seen == [True, True, True, 1.0, 0.9, 0.8]
+    seen.clear()
+    fixed = SpecjaxRunner(tiny_target, bench.parse_method("self:1@auto-noadapt"), "drafter",
+                          prompts, specjax.SamplingConfig())  # fmt: skip
+    assert fixed.warm_indices() == [0]
+    fixed()
+    fixed()
+    assert seen == [False] * 4
+
+
 def test_explain_mismatch_points_at_the_first_difference(tiny_target):
     prompt = tiny_prompts(1).prompts[0]
     ref = np.array([3, 4, 5, 6])
