@@ -184,6 +184,9 @@ def test_adapting_default_warms_every_prompt_and_replays_its_shift(tiny_target, 
         )  # fmt: skip
 
     monkeypatch.setattr(specjax, "speculative_generate", fake)
+    from specjax import adaptation
+
+    adaptation._CALLS["learned by another row"] = (None, None, [])
     prompts = tiny_prompts(n=3)
     adapting = SpecjaxRunner(tiny_target, bench.parse_method("self:1@auto"), "drafter", prompts,
                              specjax.SamplingConfig())  # fmt: skip
@@ -191,6 +194,7 @@ def test_adapting_default_warms_every_prompt_and_replays_its_shift(tiny_target, 
     adapting()  # warm-up
     adapting()  # a timed run
     assert seen == [True, True, True, 1.0, 0.9, 0.8]
+    assert not adaptation._CALLS  # an adapting row starts from what it learns itself
     seen.clear()
     fixed = SpecjaxRunner(tiny_target, bench.parse_method("self:1@auto-noadapt"), "drafter",
                           prompts, specjax.SamplingConfig())  # fmt: skip

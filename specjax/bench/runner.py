@@ -144,6 +144,13 @@ class SpecjaxRunner(Runner):
             out = specjax.generate(self.target.model, [list(prompt.ids)], **kw)
             return jax.block_until_ready(out)
         config = self.method.config
+        if self.replays_shifts and self.warm_s is None and not self.shifts:
+            # Each adapting row learns from its own calls only: another row with the same
+            # drafter may already have decoded these prompts (the timed runs replay shifts and
+            # do not depend on what is learned, so forgetting it disturbs no other row).
+            from specjax import adaptation
+
+            adaptation.reset()
         if self.replays_shifts and self.warm_s is not None:
             config = dataclasses.replace(config, adapt=self.shifts[i])
         out = specjax.speculative_generate(
