@@ -39,16 +39,20 @@ SHIFT_RANGE = (0.05, 2.0)
 @dataclasses.dataclass
 class Observation:
     """One call: its tree, the profiles it was chosen from, and its speculative steps and the
-    tokens they emitted (summed over rows; arrays until first read, so that recording a call
-    does not wait for it)."""
+    tokens they emitted (summed over rows). A recorded call keeps its stats' arrays until first
+    read (steps and tokens None), so that recording neither waits for the call nor runs device
+    ops on the host path."""
 
     profiles: tuple[AcceptanceProfile, ...]
     tree: TreeConfig
-    steps: object
-    tokens: object
+    steps: float | None = None
+    tokens: float | None = None
+    stats: dict | None = None
 
     def counts(self) -> tuple[float, float]:
-        self.steps, self.tokens = float(np.asarray(self.steps)), float(np.asarray(self.tokens))
+        if self.steps is None:
+            self.steps, self.tokens = speculative_counts(self.stats)
+            self.stats = None
         return self.steps, self.tokens
 
 
@@ -66,23 +70,20 @@ def predicted_tau(profiles: Sequence[AcceptanceProfile], tree: TreeConfig, shift
     return max(p.scaled(shift).predict_tau(tree) for p in profiles if p.covers(tree))
 
 
-def speculative_counts(stats: dict) -> tuple[object, object]:
+def speculative_counts(stats: dict) -> tuple[float, float]:
     """(speculative steps, tokens they emitted) of a call's stats, summed over rows: plain steps
     after a stop (stats plain_steps, one token each, recorded as accepted length 0) excluded."""
-    import jax.numpy as jnp
-
-    hist = jnp.asarray(stats["accepted_hist"])
-    emitted = jnp.arange(1, hist.shape[1] + 1)
-    plain = jnp.sum(jnp.asarray(stats.get("plain_steps", 0)))
-    steps = jnp.sum(hist) - plain
-    return steps, jnp.sum(hist * emitted[None, :]) - plain
+    hist = np.asarray(stats["accepted_hist"], np.int64)
+    plain = float(np.sum(np.asarray(stats.get("plain_steps", 0))))
+    emitted = np.arange(1, hist.shape[1] + 1)
+    return float(hist.sum()) - plain, float((hist * emitted[None, :]).sum()) - plain
 
 
 def record(key: tuple, target, drafter, profiles, tree: TreeConfig, stats: dict) -> None:
     """Keep a speculative call's outcome (stats of speculative_generate) under key."""
-    steps, tokens = speculative_counts(stats)
+    kept = {k: stats[k] for k in ("accepted_hist", "plain_steps") if k in stats}
     _, _, calls = _CALLS.setdefault(key, (target, drafter, []))
-    calls.append(Observation(tuple(profiles), tree, steps, tokens))
+    calls.append(Observation(tuple(profiles), tree, stats=kept))
     del calls[:-MAX_CALLS]
 
 
