@@ -15,9 +15,15 @@ the factor at which the profiles predict the kept tokens over all kept calls, sh
 trees (each compiled once) serve a process. Nothing is written to disk: the shift describes this
 process's prompts.
 
-Keys are (target, drafter, sampling mode) by identity, like specjax.choice's memo. A call whose
-choice was plain decoding measures nothing, so a process whose shift made plain decoding the
-choice stays there; `reset()` forgets what was learned.
+Older calls weigh less: a call's steps count with weight 2^(-age / HALF_LIFE_CALLS), age being
+the number of default calls under the same key since it (calls that decoded plainly included).
+Why: a call whose choice was plain decoding measures nothing, so without forgetting, a process
+whose shift once made plain decoding the choice would stay there for good, however its later
+prompts would have gone. With it, each plain call moves the shift back toward the calibration
+until a tree is chosen again; that call measures the prompts of the moment, and if they are
+still hard, the within-call stop limits what the try costs. `reset()` forgets what was learned.
+
+Keys are (target, drafter, sampling mode) by identity, like specjax.choice's memo.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from specjax.config import TreeConfig
 PRIOR_STEPS = 32  # the calibration's weight, in speculative steps
 QUANTUM = 0.1  # each distinct shift may time its own candidate trees (specjax.choice)
 MAX_CALLS = 256  # the latest calls kept per key
+HALF_LIFE_CALLS = 8.0  # a call's weight halves with every 8 default calls after it
 SHIFT_RANGE = (0.05, 2.0)
 
 
@@ -48,6 +55,7 @@ class Observation:
     steps: float | None = None
     tokens: float | None = None
     stats: dict | None = None
+    age: int = 0  # default calls under the same key since this one
 
     def counts(self) -> tuple[float, float]:
         if self.steps is None:
@@ -83,15 +91,36 @@ def record(key: tuple, target, drafter, profiles, tree: TreeConfig, stats: dict)
     """Keep a speculative call's outcome (stats of speculative_generate) under key."""
     kept = {k: stats[k] for k in ("accepted_hist", "plain_steps") if k in stats}
     _, _, calls = _CALLS.setdefault(key, (target, drafter, []))
+    _age(calls)
     calls.append(Observation(tuple(profiles), tree, stats=kept))
     del calls[:-MAX_CALLS]
 
 
+def record_plain(key: tuple) -> None:
+    """A default call under key decoded plainly: it measured nothing, but the calls before it
+    age (so the shift drifts back toward the calibration). Nothing to do before any speculative
+    call was recorded."""
+    entry = _CALLS.get(key)
+    if entry is not None:
+        _age(entry[2])
+
+
+def _age(calls: list[Observation]) -> None:
+    for c in calls:
+        c.age += 1
+
+
+def weight(c: Observation, half_life: float = HALF_LIFE_CALLS) -> float:
+    """How much a kept call counts in the fit: 1 for the latest, halving every half_life calls."""
+    return 2.0 ** (-c.age / half_life)
+
+
 def fit_shift(calls: Sequence[Observation], prior_steps: float = PRIOR_STEPS) -> float:
-    """The shift at which the calls' profiles predict the tokens their speculative steps emitted,
-    with the calibration (shift 1 on the first call's tree) weighing prior_steps steps. Predicted
-    tokens grow with the shift; bisection within SHIFT_RANGE."""
-    counts = [c.counts() for c in calls]
+    """The shift at which the calls' profiles predict the tokens their speculative steps emitted
+    (each call's steps and tokens weighted by `weight`: recent calls count more), with the
+    calibration (shift 1 on the first call's tree) weighing prior_steps steps. Predicted tokens
+    grow with the shift; bisection within SHIFT_RANGE."""
+    counts = [(weight(c) * s, weight(c) * t) for c in calls for s, t in [c.counts()]]
     first = calls[0]
 
     def excess(shift: float) -> float:

@@ -58,14 +58,17 @@ def speculative_generate(
         return speculative_decode(target, drafter, prompts, config=config, verifier=verifier,
                                   **kwargs)  # fmt: skip
     choice = _choose_config(target, drafter, prompts, config, sampling, max_new_tokens, eos_id)
+    adapting = config.adapt is True and verifier is None  # the profiles predict the full target
+    key = adaptation.key_of(target, drafter, mode_of(sampling))
     if choice.config is None:
+        if adapting:
+            adaptation.record_plain(key)
         return _autoregressive(target, prompts, choice, config.attn_impl, **kwargs)
     # The fallback runs plain steps through the verifier; an early-exit verifier's "plain" step
     # would still run its levels, so it keeps the chosen tree throughout.
     chosen = choice.with_fallback() if config.fallback and verifier is None else choice.config
     out = speculative_decode(target, drafter, prompts, config=chosen, verifier=verifier, **kwargs)
-    if config.adapt is True and verifier is None:  # the profiles predict the full target's tau
-        key = adaptation.key_of(target, drafter, mode_of(sampling))
+    if adapting:
         adaptation.record(key, target, drafter, choice.profiles, chosen.tree, out.stats)
     out.stats.update(choice.stats())
     return out

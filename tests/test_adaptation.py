@@ -146,4 +146,53 @@ def test_default_call_records_its_outcome_and_the_next_call_uses_it(tmp_path, mo
         static_profile().scaled(0.5).predict_tau(tree), abs=1e-6
     )
     assert len(adaptation._CALLS[key][2]) == 2  # an explicit shift records nothing
+    assert [c.age for c in adaptation._CALLS[key][2]] == [1, 0]
+    # A default call whose choice is plain decoding records no call but ages the kept ones.
+    plain = dataclasses.replace(auto, min_speedup=1e6)
+    fourth = specjax.speculative_generate(target, drafter, prompts, max_new_tokens=12, config=plain)
+    assert fourth.stats["tree"] == "autoregressive"
+    np.testing.assert_array_equal(np.asarray(fourth.tokens), np.asarray(ref.tokens))
+    assert [c.age for c in adaptation._CALLS[key][2]] == [2, 1]
     adaptation.reset()
+
+
+def test_older_calls_weigh_less_and_plain_calls_age_them():
+    """A process whose calls made plain decoding the choice does not stay there: every default
+    call, plain ones included, halves an older call's weight every HALF_LIFE_CALLS calls, so the
+    shift drifts back toward the calibration until a tree is tried again."""
+    adaptation.reset()
+    p, tree = chain_profile(), TreeConfig.chain(3)
+    key = ("t", "d", "greedy")
+    hist = np.zeros((1, 4), np.int64)
+    hist[0, 0] = 200  # 200 steps, nothing accepted
+    adaptation.record(key, None, None, (p,), tree, {"accepted_hist": hist})
+    low = adaptation.current_shift(key)
+    assert low <= 0.2
+    shifts = [low]
+    for _ in range(6 * int(adaptation.HALF_LIFE_CALLS)):
+        adaptation.record_plain(key)
+        shifts.append(adaptation.current_shift(key))
+    assert all(a <= b for a, b in zip(shifts, shifts[1:], strict=False)), shifts
+    assert shifts[-1] >= 0.9  # 48 plain calls later the prior (shift 1) dominates again
+    (call,) = adaptation._CALLS[key][2]
+    assert call.age == 6 * adaptation.HALF_LIFE_CALLS
+    assert adaptation.weight(call) == pytest.approx(2.0**-6)
+    # A new speculative call counts in full and ages the older one.
+    adaptation.record(key, None, None, (p,), tree, {"accepted_hist": hist})
+    assert [c.age for c in adaptation._CALLS[key][2]] == [49, 0]
+    assert adaptation.current_shift(key) <= 0.2
+    adaptation.record_plain(("t", "d", "sampled"))  # nothing recorded under that key: no-op
+    assert ("t", "d", "sampled") not in adaptation._CALLS
+    adaptation.reset()
+
+
+def test_fit_weights_recent_calls_more():
+    p = chain_profile()
+    old = observed(p, TreeConfig.chain(3), 0.4, 400)
+    new = observed(p, TreeConfig.chain(3), 0.9, 400)
+    old.age = 16  # weight 1/4
+    fitted = adaptation.fit_shift([old, new], prior_steps=0)
+    assert 0.65 < fitted < 0.9  # nearer the recent call's 0.9 than the plain mean of the two
+    old.age = 0
+    even = adaptation.fit_shift([old, new], prior_steps=0)
+    assert even < fitted
