@@ -6,7 +6,8 @@ Why: on XLA:CPU a matmul cannot read a slice of a larger buffer, so each step of
 first copies that layer's weights out of the stacked arrays (a dynamic-slice fusion per weight:
 every weight is read twice and written once per forward). Per-layer arrays need no copy, at the
 price of a program that holds every layer (compile time grows with the layer count). This
-measures both sides of that trade; the library does not switch (see NOTES.md).
+measures both sides of that trade with canonical [in, out] matrices on both sides; the library
+keeps the scan (see NOTES.md).
 
 Each variant runs a jitted loop of forwards (the block's first token is the last block's argmax,
 the cache length fixed), timed in interleaved rounds; the logits of one forward are compared
@@ -73,6 +74,7 @@ def main(argv=None) -> int:
 
     loaded = specjax.load(shared_path(args.model))
     model, cfg = loaded.model, loaded.model.config
+    model.layers.set_layout(False)  # both sides with canonical [in, out] matrices
     if args.context + max(args.nodes) > cfg.max_seq_len:
         parser.error(f"context + nodes exceeds the model's max_seq_len {cfg.max_seq_len}")
     graphdef, params = nnx.split(model)

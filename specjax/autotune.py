@@ -112,10 +112,11 @@ class VerifyCosts:
 
 def cost_key(target, *, batch: int, context: int) -> str:
     """What a cost measurement depends on: backend, device kind, the target's weights
-    (fingerprint), batch, context and dtype."""
+    (fingerprint), batch, context, dtype and the layers' weight layout (Layers.out_in)."""
     from specjax.train.checkpoint import target_fingerprint
 
     device = jax.devices()[0]
+    layers = getattr(target, "layers", None)
     parts = (
         jax.default_backend(),
         getattr(device, "device_kind", "unknown"),
@@ -123,6 +124,7 @@ def cost_key(target, *, batch: int, context: int) -> str:
         f"b{batch}",
         f"s{context}",
         target.config.dtype,
+        "out_in" if getattr(layers, "out_in", False) else "in_out",
     )
     return "|".join(parts)
 

@@ -217,6 +217,7 @@ def shard_model(model, mesh: Mesh, *, rules=None):
     logical axes as its `logical_axes` metadata."""
     check_mesh(mesh)
     cfg = model.config
+    model.layers.set_layout(False)  # the rules name the canonical axes
     for name, axes in LOGICAL_AXES.items():
         owner = model.layers if axes[0] == "layers" else model  # stacked weights live in .layers
         param = getattr(owner, name, None)

@@ -129,8 +129,7 @@ def write_hf_dir(model, path: Path) -> None:
     from safetensors.numpy import save_file
 
     cfg = model.config
-    w = {n: np.asarray(getattr(model.layers, n)[...]) for n in ("wq", "wk", "wv", "wo")}
-    w |= {n: np.asarray(getattr(model.layers, n)[...]) for n in ("w_gate", "w_up", "w_down")}
+    w = {n: np.asarray(a) for n, a in model.layers.arrays().items()}  # canonical [L, in, out]
     names = dict(wq="self_attn.q_proj", wk="self_attn.k_proj", wv="self_attn.v_proj",
                  wo="self_attn.o_proj", w_gate="mlp.gate_proj", w_up="mlp.up_proj",
                  w_down="mlp.down_proj")  # fmt: skip
@@ -168,6 +167,15 @@ def write_hf_dir(model, path: Path) -> None:
     )
 
 
+def canonical_weights(model) -> dict:
+    """A target's weights in the canonical layout (an unsharded CPU load stores its layer
+    matrices [out, in]: specjax.models.target.Layers), as numpy arrays by name."""
+    weights = {"embed": model.embed[...], "final_norm": model.final_norm[...]}
+    if not model.config.tie_embeddings:
+        weights["lm_head"] = model.lm_head[...]
+    return {n: np.asarray(w) for n, w in (weights | model.layers.arrays()).items()}
+
+
 def check_load(mesh, hf_dir: Path, ref_tokens) -> None:
     """specjax.load(mesh=...) reads the safetensors slice by slice onto the mesh: the same
     weights as an unsharded load, placed as shard_model places them, and the same tokens."""
@@ -175,10 +183,7 @@ def check_load(mesh, hf_dir: Path, ref_tokens) -> None:
     sharded = specjax.load(hf_dir, mesh=mesh).model
     assert_weights_sharded(sharded, mesh)
     assert sharded.layers.wq.get_metadata()["logical_axes"] == ("layers", "embed", "q_heads")
-    chex.assert_trees_all_equal(
-        [np.asarray(x) for x in jax.tree.leaves(nnx.state(plain))],
-        [np.asarray(x) for x in jax.tree.leaves(nnx.state(sharded))],
-    )
+    chex.assert_trees_all_equal(canonical_weights(plain), canonical_weights(sharded))
     out = specjax.generate(sharded, PROMPTS, max_new_tokens=MAX_NEW)
     chex.assert_trees_all_equal(np.asarray(out.tokens), ref_tokens)
 
@@ -224,10 +229,7 @@ def check_checkpoints(mesh, other_mesh, tmp: Path) -> None:
     sc.save_target(tmp / "target", target)
     for where in (other_mesh, None):
         back = sc.load_target(tmp / "target", mesh=where)
-        chex.assert_trees_all_equal(
-            [np.asarray(x) for x in jax.tree.leaves(nnx.state(target))],
-            [np.asarray(x) for x in jax.tree.leaves(nnx.state(back))],
-        )
+        chex.assert_trees_all_equal(canonical_weights(target), canonical_weights(back))
         if where is not None:
             assert_weights_sharded(back, where)
     net = feature_drafter(sharpened(CFG, 0)).net

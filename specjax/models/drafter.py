@@ -186,11 +186,12 @@ class DrafterNet(nnx.Module):
             self.chain_layers = Layers(cfg.layer, rngs=rngs)
         if target is not None:  # start from the target's last layer
             last = target.config.n_layers - 1
+            source = target.layers.arrays()  # canonical, like the drafter's own layers
             for layers in (self.layers, getattr(self, "chain_layers", None)):
                 for name in LAYER_WEIGHTS:
                     if layers is not None and hasattr(layers, name):
-                        src = getattr(target.layers, name)[...][last : last + 1]
-                        getattr(layers, name).set_value(src.astype(jnp.float32))
+                        src = jnp.asarray(source[name][last : last + 1], jnp.float32)
+                        getattr(layers, name).set_value(src)
         if cfg.kind == "mdc":
             self.null_token = nnx.Param(0.02 * jax.random.normal(rngs.params(), (m,)))
             self.inject = nnx.Param(jnp.eye(m, dtype=jnp.float32))

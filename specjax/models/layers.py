@@ -5,6 +5,15 @@ D head dim, M model dim, F ffn dim, V vocab, L layers.
 
 The decoder stack keeps each weight stacked over layers ([L, ...]) so the forward pass is one
 `lax.scan` (compile time independent of depth); these functions act on one layer's slice.
+
+Weight matrices come in one of two layouts. Canonical: [in, out], the product is x @ w. out_in:
+[out, in], the product is written with the weight on the left (`dense`). Why both: on XLA:CPU a
+product of a few rows (a verification block of N tree nodes) by a weight on the right runs a
+matrix-matrix routine that costs ~2x a one-row product already at N = 4, while the same product
+with the weight leading (its out rows as the long side) stays within ~1.5x up to N = 8
+(SmolLM2 on a 2-core AMD EPYC: NOTES.md, "Fifteenth session"). The target uses out_in on the
+CPU backend (specjax.models.target.Layers); drafters and every checkpoint keep the canonical
+layout.
 """
 
 from __future__ import annotations
@@ -21,6 +30,13 @@ def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
     x32 = x.astype(jnp.float32)
     normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
     return (normed * scale.astype(jnp.float32)).astype(x.dtype)
+
+
+def dense(x: jax.Array, w: jax.Array, out_in: bool = False) -> jax.Array:
+    """x [..., I] times the weight matrix w: [I, O] (canonical) or [O, I] (out_in) -> [..., O]."""
+    if not out_in:
+        return x @ w
+    return jnp.moveaxis(jnp.einsum("oi,...i->o...", w, x), 0, -1)
 
 
 def rope_angles(positions: jax.Array, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
@@ -59,14 +75,14 @@ def write_block(cache_layer: jax.Array, block: jax.Array, lengths: jax.Array) ->
     return jax.vmap(one_row)(cache_layer, block, lengths)
 
 
-def project_qkv(p: dict, x: jax.Array, cos, sin, cfg: ModelConfig):
+def project_qkv(p: dict, x: jax.Array, cos, sin, cfg: ModelConfig, out_in: bool = False):
     """Queries, keys and values of the block x [B, T, M] (RoPE applied): q [B, T, H, D],
-    k and v [B, T, K, D]."""
+    k and v [B, T, K, D]. out_in: the weight matrices are [out, in] (see `dense`)."""
     b, t, _ = x.shape
     h, kh, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-    q = x @ p["wq"]
-    k = x @ p["wk"]
-    v = x @ p["wv"]
+    q = dense(x, p["wq"], out_in)
+    k = dense(x, p["wk"], out_in)
+    v = dense(x, p["wv"], out_in)
     if cfg.qkv_bias:
         q, k, v = q + p["bq"], k + p["bk"], v + p["bv"]
     q = apply_rope(q.reshape(b, t, h, d), cos, sin, cfg.rope_layout)
@@ -74,17 +90,20 @@ def project_qkv(p: dict, x: jax.Array, cos, sin, cfg: ModelConfig):
     return q, k, v.reshape(b, t, kh, d)
 
 
-def swiglu(p: dict, x: jax.Array) -> jax.Array:
+def swiglu(p: dict, x: jax.Array, out_in: bool = False) -> jax.Array:
     """SwiGLU feed-forward: down(silu(gate x) * up x)."""
-    return (jax.nn.silu(x @ p["w_gate"]) * (x @ p["w_up"])) @ p["w_down"]
+    gated = jax.nn.silu(dense(x, p["w_gate"], out_in)) * dense(x, p["w_up"], out_in)
+    return dense(gated, p["w_down"], out_in)
 
 
-def finish_layer(p: dict, x: jax.Array, attn: jax.Array, cfg: ModelConfig) -> jax.Array:
+def finish_layer(
+    p: dict, x: jax.Array, attn: jax.Array, cfg: ModelConfig, out_in: bool = False
+) -> jax.Array:
     """The rest of a pre-norm layer once attention is done: residual + output projection of the
     heads attn [B, T, H, D], then residual + SwiGLU. x [B, T, M] -> [B, T, M]."""
     b, t = x.shape[:2]
-    x = x + attn.reshape(b, t, -1) @ p["wo"]
-    return x + swiglu(p, rms_norm(x, p["mlp_norm"], cfg.norm_eps))
+    x = x + dense(attn.reshape(b, t, -1), p["wo"], out_in)
+    return x + swiglu(p, rms_norm(x, p["mlp_norm"], cfg.norm_eps), out_in)
 
 
 def decoder_layer(

@@ -13,6 +13,7 @@ from __future__ import annotations
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from specjax.attention import (
@@ -65,6 +66,22 @@ LAYER_WEIGHTS = (
     "w_up",
     "w_down",
 )
+MATRICES = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")  # swapped in the out_in layout
+
+
+def default_out_in() -> bool:
+    """The target's weight layout for this backend (specjax.models.layers.dense): out_in on the
+    CPU, where it makes verifying a block of nodes cheaper; canonical elsewhere (not measured
+    there, and the sharding rules name the canonical axes)."""
+    return jax.default_backend() == "cpu"
+
+
+def _canonical(w):
+    """A matrix stored [L, out, in] as [L, in, out]: a host view without a copy where the array
+    lives on the CPU, a transpose inside traced code (e.g. under nnx.eval_shape)."""
+    if isinstance(w, jax.core.Tracer) or not isinstance(w, (jax.Array, np.ndarray)):
+        return jnp.swapaxes(w, -1, -2)
+    return np.swapaxes(np.asarray(w), -1, -2)
 
 
 @flax.struct.dataclass
@@ -75,9 +92,11 @@ class ForwardOutput:
 
 
 class Layers(nnx.Module):
-    """The decoder stack: every weight has a leading L axis."""
+    """The decoder stack: every weight has a leading L axis. out_in: the matrices are stored
+    [L, out, in] (specjax.models.layers.dense); `arrays()` still gives the canonical layout."""
 
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, out_in: bool = False):
+        self.out_in = out_in
         dtype = jnp.dtype(cfg.dtype)
         for name, shape in weight_shapes(cfg).items():
             if name not in LAYER_WEIGHTS:
@@ -89,22 +108,44 @@ class Layers(nnx.Module):
             else:
                 fan_in = shape[1]
                 value = jax.random.normal(rngs.params(), shape, dtype) / jnp.sqrt(fan_in)
+            if out_in and name in MATRICES:
+                value = jnp.swapaxes(value, 1, 2)
             setattr(self, name, nnx.Param(value))
 
-    def arrays(self) -> dict[str, jax.Array]:
+    def compute_arrays(self) -> dict[str, jax.Array]:
+        """The weights as stored (what the forward pass reads, with `out_in`)."""
         return {n: getattr(self, n)[...] for n in LAYER_WEIGHTS if hasattr(self, n)}
+
+    def arrays(self) -> dict:
+        """The weights in the canonical layout (weight_shapes): what checkpoints, exports and
+        fingerprints read, whatever the storage layout."""
+        stored = self.compute_arrays()
+        if not self.out_in:
+            return stored
+        return {n: _canonical(w) if n in MATRICES else w for n, w in stored.items()}
+
+    def set_layout(self, out_in: bool) -> None:
+        """Store the matrices in the given layout (in place)."""
+        if out_in == self.out_in:
+            return
+        for name in MATRICES:
+            if hasattr(self, name):
+                param = getattr(self, name)
+                param.set_value(jnp.swapaxes(param[...], 1, 2))
+        self.out_in = out_in
 
 
 class Llama(nnx.Module):
     """A Llama-family decoder. Call it on a block of tokens written at each row's cache length."""
 
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, out_in: bool | None = None):
+        """out_in: the decoder stack's weight layout (Layers); None: default_out_in()."""
         self.config = cfg
         dtype = jnp.dtype(cfg.dtype)
         self.embed = nnx.Param(
             0.5 * jax.random.normal(rngs.params(), (cfg.vocab_size, cfg.d_model), dtype)
         )
-        self.layers = Layers(cfg, rngs=rngs)
+        self.layers = Layers(cfg, rngs=rngs, out_in=default_out_in() if out_in is None else out_in)
         self.final_norm = nnx.Param(jnp.ones((cfg.d_model,), dtype))
         if not cfg.tie_embeddings:
             self.lm_head = nnx.Param(
@@ -120,6 +161,12 @@ class Llama(nnx.Module):
         """Final norm + LM head: [..., M] residual stream -> [..., V] float32 logits (accumulated
         in float32 whatever the weights' dtype, so bfloat16 models do not round the logits)."""
         x = rms_norm(hidden, self.final_norm[...], self.config.norm_eps)
+        if self.config.tie_embeddings and self.layers.out_in:
+            # The embedding [V, M] leads the product, as the out_in layers' weights do.
+            out = jnp.einsum(
+                "vm,...m->v...", self.embed[...], x, preferred_element_type=jnp.float32
+            )
+            return jnp.moveaxis(out, 0, -1)
         w = self.embed[...].T if self.config.tie_embeddings else self.lm_head[...]
         return jnp.matmul(x, w, preferred_element_type=jnp.float32)
 
@@ -150,7 +197,8 @@ class Llama(nnx.Module):
         start, end = layer_range or (0, cfg.n_layers)
         x = self.embed_tokens(tokens) if start == 0 and hidden is None else hidden
         cos, sin = rope_angles(positions, cfg.head_dim, cfg.rope_theta)
-        weights = self.layers.arrays()
+        weights = self.layers.compute_arrays()
+        out_in = self.layers.out_in
         # Which cache positions each block token sees: built once per call, not once per layer.
         visible = None
         if resolve_impl(attn_impl, cfg.head_dim) == "reference":
@@ -163,13 +211,15 @@ class Llama(nnx.Module):
             # dominated batched decoding on CPU.
             x, k_all, v_all = carry
             p, layer = xs
-            q, k, v = project_qkv(p, rms_norm(x, p["attn_norm"], cfg.norm_eps), cos, sin, cfg)
+            q, k, v = project_qkv(
+                p, rms_norm(x, p["attn_norm"], cfg.norm_eps), cos, sin, cfg, out_in
+            )
             k_all = write_layer_block(k_all, layer, k, cache.lengths)
             v_all = write_layer_block(v_all, layer, v, cache.lengths)
             k_layer = jax.lax.dynamic_index_in_dim(k_all, layer, 0, keepdims=False)
             v_layer = jax.lax.dynamic_index_in_dim(v_all, layer, 0, keepdims=False)
             attn = attend(q, k_layer, v_layer, cache.lengths, tree_mask, attn_impl, visible=visible)
-            return (finish_layer(p, x, attn, cfg), k_all, v_all), None
+            return (finish_layer(p, x, attn, cfg, out_in), k_all, v_all), None
 
         # Scan segment by segment so the requested hidden states fall on segment boundaries.
         bounds = sorted({start, end, *[i for i in return_hidden if start <= i <= end]})
@@ -235,12 +285,18 @@ def model_from_weights(
                 f"{source}: tensor {name!r} has shape {got}, expected {shape} "
                 f"from the header/config"
             )
-    model = nnx.eval_shape(lambda: Llama(cfg, rngs=nnx.Rngs(0)))
+    # Sharded weights keep the canonical layout (the sharding rules name its axes).
+    model = nnx.eval_shape(
+        lambda: Llama(cfg, rngs=nnx.Rngs(0), out_in=None if mesh is None else False)
+    )
     dtype = jnp.dtype(cfg.dtype)
     for name in expected:
         target = model.layers if name in LAYER_WEIGHTS else model
         if mesh is None:
-            getattr(target, name).set_value(jnp.asarray(weights[name], dtype))
+            value = weights[name]
+            if model.layers.out_in and name in MATRICES:
+                value = np.swapaxes(np.asarray(value), 1, 2)
+            getattr(target, name).set_value(jnp.asarray(value, dtype))
             continue
         param = getattr(target, name)
         param.set_value(place_weight(name, weights[name], cfg, mesh, dtype, rules))

@@ -1,0 +1,103 @@
+"""The target's two weight layouts (specjax.models.layers.dense, Layers.out_in): the same
+function either way, canonical arrays for everything that reads weights from outside the
+forward pass, and the layout each way a model is built picks."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import specjax
+from specjax.cache import init_cache
+from specjax.config import TINY
+from specjax.drafters import LMDrafter
+from specjax.models.layers import dense
+from specjax.models.target import MATRICES, Llama, default_out_in, model_from_weights
+from specjax.train.checkpoint import target_fingerprint
+from specjax.tree import causal_mask
+
+
+def both_layouts(seed: int = 0, *, sharpen: float = 3.0) -> tuple[Llama, Llama]:
+    """One random model twice: canonical and out_in (weights x sharpen so tokens vary)."""
+    canonical = Llama(TINY, rngs=nnx.Rngs(seed), out_in=False)
+    graphdef, state = nnx.split(canonical)
+    state = jax.tree.map(lambda x: x * sharpen if x.ndim >= 2 else x, state)
+    canonical = nnx.merge(graphdef, state)
+    swapped = nnx.clone(canonical)
+    swapped.layers.set_layout(True)
+    return canonical, swapped
+
+
+def test_dense_gives_the_product_in_either_layout():
+    x = jax.random.normal(jax.random.PRNGKey(0), (2, 3, 16))
+    w = jax.random.normal(jax.random.PRNGKey(1), (16, 24))
+    chex.assert_trees_all_close(dense(x, w), x @ w, atol=1e-5)
+    chex.assert_trees_all_close(dense(x, w.T.copy(), out_in=True), x @ w, atol=1e-5)
+    chex.assert_shape(dense(x, w.T.copy(), out_in=True), (2, 3, 24))
+
+
+def test_layouts_store_swapped_matrices_and_read_back_canonical():
+    canonical, swapped = both_layouts()
+    assert not canonical.layers.out_in and swapped.layers.out_in
+    stored = swapped.layers.compute_arrays()
+    for name, arr in canonical.layers.arrays().items():
+        back = swapped.layers.arrays()[name]
+        np.testing.assert_array_equal(np.asarray(back), np.asarray(arr))
+        if name in MATRICES:
+            assert stored[name].shape == (arr.shape[0], arr.shape[2], arr.shape[1])
+        else:
+            assert stored[name].shape == arr.shape
+    assert target_fingerprint(swapped) == target_fingerprint(canonical)
+    swapped.layers.set_layout(False)
+    for name, arr in canonical.layers.compute_arrays().items():
+        np.testing.assert_array_equal(np.asarray(swapped.layers.compute_arrays()[name]), arr)
+
+
+def test_forward_is_the_same_function_in_both_layouts():
+    canonical, swapped = both_layouts()
+    cache = init_cache(TINY, 2, 24)
+    tokens = jnp.asarray([[1, 5, 7, 9, 2, 3], [4, 4, 8, 1, 0, 6]], jnp.int32)
+    positions = jnp.broadcast_to(jnp.arange(6, dtype=jnp.int32), (2, 6))
+    mask = causal_mask(2, 6)
+    a = canonical(tokens, positions=positions, cache=cache, tree_mask=mask, return_hidden=(1,))
+    b = swapped(tokens, positions=positions, cache=cache, tree_mask=mask, return_hidden=(1,))
+    chex.assert_trees_all_close(b.logits, a.logits, atol=1e-4, rtol=1e-4)
+    chex.assert_trees_all_close(b.hidden, a.hidden, atol=1e-5, rtol=1e-5)
+    chex.assert_trees_all_close(b.cache.k, a.cache.k, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_greedy_decoding_equal_in_both_layouts(batch):
+    """generate and speculative decoding (a 3-chain self-draft) give the same tokens whichever
+    layout the target holds."""
+    canonical, swapped = both_layouts(3)
+    prompts = [[1, 2, 3], [7, 8, 9, 10, 11], [5]][:batch]
+    ref = specjax.generate(canonical, prompts, max_new_tokens=20)
+    out = specjax.generate(swapped, prompts, max_new_tokens=20)
+    np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
+    config = specjax.SpecConfig(tree=specjax.TreeConfig.chain(3))
+    spec = specjax.speculative_generate(
+        swapped, LMDrafter.self_draft(1), prompts, max_new_tokens=20, config=config
+    )
+    np.testing.assert_array_equal(np.asarray(spec.tokens), np.asarray(ref.tokens))
+    assert all(len(set(row.tolist())) > 5 for row in np.asarray(ref.tokens))  # tokens vary
+
+
+def test_built_models_pick_the_backend_layout():
+    assert default_out_in() == (jax.default_backend() == "cpu")
+    assert Llama(TINY, rngs=nnx.Rngs(0)).layers.out_in == default_out_in()
+    canonical = Llama(TINY, rngs=nnx.Rngs(0), out_in=False)
+    loaded = model_from_weights(TINY, {k: np.asarray(v) for k, v in _canonical_weights(canonical)})
+    assert loaded.layers.out_in == default_out_in()
+    for name, arr in canonical.layers.arrays().items():
+        np.testing.assert_array_equal(np.asarray(loaded.layers.arrays()[name]), arr)
+
+
+def _canonical_weights(model):
+    yield "embed", model.embed[...]
+    yield "final_norm", model.final_norm[...]
+    if not model.config.tie_embeddings:
+        yield "lm_head", model.lm_head[...]
+    yield from model.layers.arrays().items()
