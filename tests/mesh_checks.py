@@ -170,10 +170,9 @@ def write_hf_dir(model, path: Path) -> None:
 def canonical_weights(model) -> dict:
     """A target's weights in the canonical layout (an unsharded CPU load stores its layer
     matrices [out, in]: specjax.models.target.Layers), as numpy arrays by name."""
-    weights = {"embed": model.embed[...], "final_norm": model.final_norm[...]}
-    if not model.config.tie_embeddings:
-        weights["lm_head"] = model.lm_head[...]
-    return {n: np.asarray(w) for n, w in (weights | model.layers.arrays()).items()}
+    from specjax.train.checkpoint import fingerprint_tensors
+
+    return {n: np.asarray(w) for n, w in fingerprint_tensors(model).items()}
 
 
 def check_load(mesh, hf_dir: Path, ref_tokens) -> None:
