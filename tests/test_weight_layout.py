@@ -101,3 +101,31 @@ def _canonical_weights(model):
     if not model.config.tie_embeddings:
         yield "lm_head", model.lm_head[...]
     yield from model.layers.arrays().items()
+
+
+@pytest.mark.parametrize("kind", ["eagle", "mdc"])
+def test_feature_drafters_follow_the_target_layout(kind):
+    """A feature drafter takes its target's layout (its layers and readout, see FeatureDrafter)
+    and drafts the same trees in either: same tokens, same tokens per call."""
+    from specjax.drafters import EagleDrafter, HiddenStateDrafter
+    from specjax.models.drafter import DrafterConfig, DrafterNet
+
+    canonical, swapped = both_layouts(3)
+    cfg = DrafterConfig(kind=kind, target=TINY, draft_vocab_size=TINY.vocab_size)
+    net = DrafterNet(cfg, np.arange(TINY.vocab_size), rngs=nnx.Rngs(5), target=canonical)
+    cls = HiddenStateDrafter if kind == "mdc" else EagleDrafter
+    plain, fast = cls(nnx.clone(net), canonical), cls(nnx.clone(net), swapped)
+    assert not plain.net.out_in and fast.net.out_in
+    assert fast.head_u.shape == plain.head_u.shape[::-1]
+    prompts = [[1, 2, 3], [7, 8, 9, 10, 11]]
+    ref = specjax.generate(canonical, prompts, max_new_tokens=20)
+    config = specjax.SpecConfig(tree=specjax.TreeConfig.dynamic(6, 3, 2))
+    outs = [
+        specjax.speculative_generate(t, d, prompts, max_new_tokens=20, config=config)
+        for t, d in ((canonical, plain), (swapped, fast))
+    ]
+    for out in outs:
+        np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
+    np.testing.assert_array_equal(
+        np.asarray(outs[0].stats["target_calls"]), np.asarray(outs[1].stats["target_calls"])
+    )

@@ -94,8 +94,15 @@ class FeatureDrafter(nnx.Module):
         # The target's hidden states the drafter reads (the last one before the final norm, and
         # the lower layers it fuses in), at the prompt and every node.
         self.feature_layers = net.config.feature_layers
+        # The drafter's products take the target's weight layout (specjax.models.layers.dense):
+        # on the CPU its layer and readout run on a few frontier rows per level, where a weight
+        # leading the product costs ~0.7x (NOTES.md, "Sixteenth session"). The net is switched
+        # in place; its checkpoints stay canonical (save_drafter writes Layers.arrays()).
+        self.head_out_in = bool(getattr(target.layers, "out_in", False))
+        net.set_layout(self.head_out_in)
         w = target.embed[...].T if target.config.tie_embeddings else target.lm_head[...]
-        self.head_u = TargetHead(jnp.take(w, net.draft_vocab[...], axis=1))
+        head = jnp.take(w, net.draft_vocab[...], axis=1)  # [M, U]
+        self.head_u = TargetHead(head.T if self.head_out_in else head)
 
     @property
     def kind(self) -> str:
@@ -115,18 +122,22 @@ class FeatureDrafter(nnx.Module):
 
     def _parts(self, target) -> TargetParts:
         return TargetParts(
-            embed=target.embed[...], final_norm=target.final_norm[...], head_u=self.head_u[...]
+            embed=target.embed[...],
+            final_norm=target.final_norm[...],
+            head_u=self.head_u[...],
+            head_out_in=self.head_out_in,
         )
 
     def _block(self, x, positions, cache: KVCache, mask, attn_impl) -> tuple[jax.Array, KVCache]:
         """Run the drafter layer on a block x [B, T, M] written into its cache at cache.lengths
         (prefill and commits: the same contract as the target's layers)."""
         cfg = self.net.config.layer
-        p = {n: w[0] for n, w in self.net.layers.arrays().items()}
+        p = {n: w[0] for n, w in self.net.layers.compute_arrays().items()}
         cos, sin = rope_angles(positions, cfg.head_dim, cfg.rope_theta)
         out, k, v = decoder_layer(
-            p, x, cos, sin, cache.k[0], cache.v[0], cache.lengths, mask, cfg, attn_impl
-        )
+            p, x, cos, sin, cache.k[0], cache.v[0], cache.lengths, mask, cfg, attn_impl,
+            self.net.out_in,
+        )  # fmt: skip
         return out, cache.replace(k=k[None], v=v[None])
 
     def _draft_logp(self, logits: jax.Array, sampling: SamplingConfig) -> jax.Array:

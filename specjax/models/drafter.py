@@ -56,8 +56,27 @@ import jax.numpy as jnp
 from flax import nnx
 
 from specjax.config import ModelConfig
-from specjax.models.layers import finish_layer, project_qkv, rms_norm, rope_angles, swiglu
+from specjax.models.layers import (
+    dense,
+    finish_layer,
+    project_qkv,
+    rms_norm,
+    rope_angles,
+    swiglu,
+)
 from specjax.models.target import LAYER_WEIGHTS, Layers
+
+# The net's [in, out] matrices outside its decoder layers, swapped by DrafterNet.set_layout.
+MATRICES = (
+    "fc",
+    "fusion_fc",
+    "info_proj",
+    "grand_proj",
+    "inject",
+    "readout_gate",
+    "readout_up",
+    "readout_down",
+)
 
 KINDS = ("mdc", "eagle")
 
@@ -116,19 +135,24 @@ class DrafterConfig:
 class TargetParts:
     """The frozen target weights a drafter reads (never trained, never saved with the drafter).
 
-    embed [V, M]; final_norm [M]; head_u [M, U] the LM head restricted to the draft vocabulary.
+    embed [V, M]; final_norm [M]; head_u [M, U] the LM head restricted to the draft vocabulary,
+    or [U, M] when head_out_in (the layout a drafter on the CPU keeps, see FeatureDrafter).
     """
 
     embed: jax.Array
     final_norm: jax.Array
     head_u: jax.Array
+    head_out_in: bool = flax.struct.field(pytree_node=False, default=False)
 
 
 def readout(x: jax.Array, parts: TargetParts, eps: float) -> jax.Array:
     """The target's final norm and LM head over the draft vocabulary: [..., M] -> [..., U]
     float32. The product runs in parts.head_u's dtype with float32 accumulation (a bfloat16
-    head_u multiplies in bfloat16: experiments/train_step_time.py measures it in training)."""
+    head_u multiplies in bfloat16: experiments/train_step_time.py measures it in training);
+    with head_out_in the weight leads the product (specjax.models.layers.dense says why)."""
     normed = rms_norm(x, parts.final_norm, eps).astype(parts.head_u.dtype)
+    if parts.head_out_in:
+        return jnp.einsum("UM,...M->...U", parts.head_u, normed, preferred_element_type=jnp.float32)
     return jnp.matmul(normed, parts.head_u, preferred_element_type=jnp.float32)
 
 
@@ -164,6 +188,7 @@ class DrafterNet(nnx.Module):
         magnitude of the residual stream it is added to."""
         m = cfg.target.d_model
         self.config = cfg
+        self.out_in = False  # the weight layout (set_layout); built and saved canonical
         self.draft_vocab = DraftVocab(jnp.asarray(draft_vocab, jnp.int32))
         self.feat_norm = nnx.Param(jnp.full((m,), input_scale, jnp.float32))
         self.tok_norm = nnx.Param(jnp.full((m,), input_scale, jnp.float32))
@@ -239,7 +264,7 @@ class DrafterNet(nnx.Module):
             rms_norm(hidden[i].astype(jnp.float32), self.fusion_norm[...][j], eps)
             for j, i in enumerate(cfg.fusion_layers)
         ]
-        return last + jnp.concatenate(low, axis=-1) @ self.fusion_fc[...]
+        return last + self._dense(jnp.concatenate(low, axis=-1), "fusion_fc")
 
     def fuse(self, feat: jax.Array, tok_emb: jax.Array | None) -> jax.Array:
         """u = feat + fc([norm(feat); norm(tok_emb)]): feat [..., M], tok_emb [..., M] or None
@@ -255,7 +280,7 @@ class DrafterNet(nnx.Module):
             e = jnp.broadcast_to(self.null_token[...], f.shape)
         else:
             e = rms_norm(tok_emb.astype(jnp.float32), self.tok_norm[...], eps)
-        return feat + jnp.concatenate([f, e], axis=-1) @ self.fc[...]
+        return feat + self._dense(jnp.concatenate([f, e], axis=-1), "fc")
 
     def logits(
         self,
@@ -272,23 +297,23 @@ class DrafterNet(nnx.Module):
         x = out
         if self.config.kind == "mdc":
             info = rms_norm(
-                parent_emb.astype(jnp.float32) @ self.info_proj[...], self.info_norm[...], eps
+                self._dense(parent_emb.astype(jnp.float32), "info_proj"), self.info_norm[...], eps
             )
             if self.config.path_tokens == 2:
                 if grand_emb is None:
                     raise ValueError("this drafter injects two path tokens: pass grand_emb")
                 info = info + rms_norm(
-                    grand_emb.astype(jnp.float32) @ self.grand_proj[...],
+                    self._dense(grand_emb.astype(jnp.float32), "grand_proj"),
                     self.grand_norm[...],
                     eps,
                 )
-            x = out @ self.inject[...] + info
+            x = self._dense(out, "inject") + info
             mlp = {
                 "w_gate": self.readout_gate[...],
                 "w_up": self.readout_up[...],
                 "w_down": self.readout_down[...],
             }
-            x = x + swiglu(mlp, rms_norm(x, self.readout_norm[...], eps))
+            x = x + swiglu(mlp, rms_norm(x, self.readout_norm[...], eps), self.out_in)
         return readout(x, parts, eps)
 
     # -- the decoder layer ---------------------------------------------------------------------
@@ -297,18 +322,52 @@ class DrafterNet(nnx.Module):
         """The decoder layer's weights: the mdc chain layer when chain (mdc only), else the
         context layer (eagle uses one layer everywhere)."""
         layers = self.chain_layers if chain and self.config.kind == "mdc" else self.layers
-        return {n: w[0] for n, w in layers.arrays().items()}
+        return {n: w[0] for n, w in layers.compute_arrays().items()}
+
+    def _dense(self, x: jax.Array, name: str) -> jax.Array:
+        """x [..., I] times the net's matrix `name` (one of MATRICES, stored per self.out_in)."""
+        return dense(x, getattr(self, name)[...], self.out_in)
+
+    def set_layout(self, out_in: bool) -> None:
+        """Store every weight matrix (the decoder layers' and MATRICES) [out, in] (out_in) or
+        canonically [in, out], in place: the forward is the same function of the weights either
+        way (specjax.models.layers.dense); checkpoints stay canonical (canonical_params)."""
+        for layers in (self.layers, getattr(self, "chain_layers", None)):
+            if layers is not None:
+                layers.set_layout(out_in)
+        if out_in != self.out_in:
+            for name in self.matrix_names():
+                w = getattr(self, name)
+                w.set_value(jnp.swapaxes(w[...], 0, 1))
+            self.out_in = out_in
+
+    def matrix_names(self) -> tuple[str, ...]:
+        """The net's own weight matrices (outside its decoder layers) that it has."""
+        return tuple(n for n in MATRICES if hasattr(self, n))
+
+    def canonical_params(self) -> dict:
+        """The parameters as a pure dict in the canonical layout, whatever the storage layout."""
+        params = nnx.to_pure_dict(nnx.state(self, nnx.Param))
+        for name in ("layers", "chain_layers"):
+            layers = getattr(self, name, None)
+            if layers is not None and layers.out_in:
+                params[name].update(layers.arrays())
+        if self.out_in:
+            for name in self.matrix_names():
+                params[name] = jnp.swapaxes(params[name], 0, 1)
+        return params
 
     def qkv(self, x: jax.Array, positions: jax.Array, chain: bool = False):
         """x [B, T, M], positions [B, T] -> q [B, T, H, D], k, v [B, T, K, D] (RoPE applied)."""
         cfg = self.config.target
         p = self._layer(chain)
         cos, sin = rope_angles(positions, cfg.head_dim, cfg.rope_theta)
-        return project_qkv(p, rms_norm(x, p["attn_norm"], cfg.norm_eps), cos, sin, cfg)
+        normed = rms_norm(x, p["attn_norm"], cfg.norm_eps)
+        return project_qkv(p, normed, cos, sin, cfg, self.out_in)
 
     def finish(self, x: jax.Array, attn: jax.Array, chain: bool = False) -> jax.Array:
         """Residual + output projection + SwiGLU: x [B, T, M], attn [B, T, H, D] -> [B, T, M]."""
-        return finish_layer(self._layer(chain), x, attn, self.config.target)
+        return finish_layer(self._layer(chain), x, attn, self.config.target, self.out_in)
 
     def step(self, x, positions, ctx_k, ctx_v, ctx_mask, ext_k, ext_v, ext_mask, chain=False):
         """One layer call whose queries see context keys and per-query extra keys (with the

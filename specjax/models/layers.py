@@ -117,12 +117,13 @@ def decoder_layer(
     tree_mask: jax.Array,
     cfg: ModelConfig,
     impl: AttentionImpl,
+    out_in: bool = False,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """One pre-norm decoder layer over the block x [B, T, M]: writes the block's K/V at
     [lengths, lengths + T) of this layer's cache, then attends over the cache plus the block.
-    Returns (x [B, T, M], k_cache, v_cache)."""
-    q, k, v = project_qkv(p, rms_norm(x, p["attn_norm"], cfg.norm_eps), cos, sin, cfg)
+    Returns (x [B, T, M], k_cache, v_cache). out_in: the weight matrices are [out, in]."""
+    q, k, v = project_qkv(p, rms_norm(x, p["attn_norm"], cfg.norm_eps), cos, sin, cfg, out_in)
     k_cache = write_block(k_cache, k, lengths)
     v_cache = write_block(v_cache, v, lengths)
     attn = attend(q, k_cache, v_cache, lengths, tree_mask, impl)
-    return finish_layer(p, x, attn, cfg), k_cache, v_cache
+    return finish_layer(p, x, attn, cfg, out_in), k_cache, v_cache

@@ -111,8 +111,7 @@ def save_drafter(
         fingerprint = target_fingerprint(target)
     out_dir = Path(out_dir).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
-    params = nnx.to_pure_dict(nnx.state(net, nnx.Param))
-    params = jax.tree.map(lambda x: np.asarray(jnp.asarray(x, dtype)), params)
+    params = jax.tree.map(lambda x: np.asarray(jnp.asarray(x, dtype)), net.canonical_params())
     tree = {"params": params, "draft_vocab": np.asarray(net.draft_vocab[...])}
     import orbax.checkpoint as ocp  # imported on use: it is slow to import
 
