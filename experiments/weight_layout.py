@@ -1,7 +1,8 @@
-"""The target's weight layout on this backend, side by side in one process: canonical [in, out]
-matrices (x @ W) against out_in [out, in] (the weight leads the product:
-specjax.models.layers.dense), for the target's cost over N tree nodes t(N), plain decoding, and
-speculative decoding with a fixed tree, on the same prompts.
+"""The weight layout on this backend, side by side in one process: canonical [in, out] matrices
+(x @ W) against out_in [out, in] (the weight leads the product: specjax.models.layers.dense), for
+the target's cost over N tree nodes t(N), plain decoding, and speculative decoding with a fixed
+tree, on the same prompts. The drafter (its layer, its own matrices and its readout head) takes
+the same layout as the target in each row, as binding it to a target does.
 
 Why: on XLA:CPU a product of a few rows by a weight on the right runs a matrix-matrix routine
 whose cost grows quickly with the rows; with the weight leading it stays nearly flat to N = 8.
@@ -58,6 +59,10 @@ def main(argv=None) -> int:
     kw = dict(max_new_tokens=args.max_new_tokens, eos_id=loaded.tokenizer.eos_id)
     config = SpecConfig(tree=tree)
 
+    def set_layout(out_in):
+        target.layers.set_layout(out_in)
+        drafter.set_layout(out_in)
+
     def run(method):
         tokens, outs = 0, []
         for p in prompts:
@@ -87,7 +92,7 @@ def main(argv=None) -> int:
     seconds = {(n, m): [] for n in LAYOUTS for m in methods}
     outputs, taus = {}, {}
     for name, out_in in LAYOUTS.items():
-        target.layers.set_layout(out_in)
+        set_layout(out_in)
         for m in methods:
             _, outs = run(m)
             outputs[(name, m)] = [np.asarray(o.tokens) for o in outs]
@@ -95,7 +100,7 @@ def main(argv=None) -> int:
                 taus[name] = float(np.mean([np.mean(np.asarray(o.stats["tau"])) for o in outs]))
     for r in range(args.reps):
         for name, out_in in LAYOUTS.items():
-            target.layers.set_layout(out_in)
+            set_layout(out_in)
             for m in methods:
                 t0 = time.perf_counter()
                 n_tokens, _ = run(m)
@@ -126,7 +131,7 @@ def main(argv=None) -> int:
             )
     command = "python experiments/weight_layout.py " + " ".join(argv or sys.argv[1:])
     text = "\n".join([
-        "# The target's weight layout: canonical [in, out] against out_in [out, in]",
+        "# The weight layout (target and drafter): canonical [in, out] against out_in [out, in]",
         "",
         device_header(command=command.strip(), drafter=args.drafter, tree=str(tree),
                       prompts=f"{args.n_prompts} MT-bench first turns x {args.max_new_tokens} "

@@ -129,3 +129,10 @@ def test_feature_drafters_follow_the_target_layout(kind):
     np.testing.assert_array_equal(
         np.asarray(outs[0].stats["target_calls"]), np.asarray(outs[1].stats["target_calls"])
     )
+    fast.set_layout(False)  # back to canonical in place: the same arrays as the plain binding
+    chex.assert_trees_all_equal(fast.net.canonical_params(), plain.net.canonical_params())
+    chex.assert_trees_all_equal(
+        nnx.to_pure_dict(nnx.state(fast.net, nnx.Param)),
+        nnx.to_pure_dict(nnx.state(plain.net, nnx.Param)),
+    )
+    np.testing.assert_array_equal(np.asarray(fast.head_u[...]), np.asarray(plain.head_u[...]))

@@ -98,11 +98,18 @@ class FeatureDrafter(nnx.Module):
         # on the CPU its layer and readout run on a few frontier rows per level, where a weight
         # leading the product costs ~0.7x (NOTES.md, "Sixteenth session"). The net is switched
         # in place; its checkpoints stay canonical (save_drafter writes Layers.arrays()).
-        self.head_out_in = bool(getattr(target.layers, "out_in", False))
-        net.set_layout(self.head_out_in)
+        self.head_out_in = False
         w = target.embed[...].T if target.config.tie_embeddings else target.lm_head[...]
-        head = jnp.take(w, net.draft_vocab[...], axis=1)  # [M, U]
-        self.head_u = TargetHead(head.T if self.head_out_in else head)
+        self.head_u = TargetHead(jnp.take(w, net.draft_vocab[...], axis=1))  # [M, U]
+        self.set_layout(bool(getattr(target.layers, "out_in", False)))
+
+    def set_layout(self, out_in: bool) -> None:
+        """Store the net's matrices and the readout head [out, in] (out_in) or canonically, in
+        place (the same drafts either way); binding to a target picks the target's layout."""
+        self.net.set_layout(out_in)
+        if out_in != self.head_out_in:
+            self.head_u.set_value(self.head_u[...].T)
+            self.head_out_in = out_in
 
     @property
     def kind(self) -> str:
