@@ -12,8 +12,8 @@ product of a few rows (a verification block of N tree nodes) by a weight on the 
 matrix-matrix routine that costs ~2x a one-row product already at N = 4, while the same product
 with the weight leading (its out rows as the long side) stays within ~1.5x up to N = 8
 (SmolLM2 on a 2-core AMD EPYC: NOTES.md, "Fifteenth session"). The target uses out_in on the
-CPU backend (specjax.models.target.Layers); drafters and every checkpoint keep the canonical
-layout.
+CPU backend (specjax.models.target.Layers), and a feature drafter bound to it follows
+(FeatureDrafter.set_layout); every checkpoint keeps the canonical layout.
 """
 
 from __future__ import annotations
