@@ -97,7 +97,7 @@ class FeatureDrafter(nnx.Module):
         # The drafter's products take the target's weight layout (specjax.models.layers.dense):
         # on the CPU its layer and readout run on a few frontier rows per level, where a weight
         # leading the product costs ~0.7x (NOTES.md, "Sixteenth session"). The net is switched
-        # in place; its checkpoints stay canonical (save_drafter writes Layers.arrays()).
+        # in place; its checkpoints stay canonical (save_drafter writes canonical_params()).
         self.head_out_in = False
         w = target.embed[...].T if target.config.tie_embeddings else target.lm_head[...]
         self.head_u = TargetHead(jnp.take(w, net.draft_vocab[...], axis=1))  # [M, U]
