@@ -104,6 +104,7 @@ def test_adapt_setting_is_checked():
     AutoSpecConfig(adapt=0.7)
 
 
+@pytest.mark.slow
 def test_default_call_records_its_outcome_and_the_next_call_uses_it(tmp_path, monkeypatch):
     """A default call records its speculative steps; the next default call with the same target
     and drafter reports the shift fitted from them, and an explicit shift (adapt=number) scales

@@ -276,6 +276,7 @@ def test_transformers_peer_tiny(tiny_target):
     assert not math.isnan(by[(0.0, "specjax autoregressive")].vs_hf_spec)
 
 
+@pytest.mark.slow
 @pytest.mark.hf
 def test_transformers_assisted_peer_stories(shared_dir):
     """Assisted generation with llama2xs-279K for stories260K, same weights as specjax."""

@@ -158,6 +158,24 @@ def test_first_timed_candidate_gives_the_overhead():
     assert list(steps.loops) == with_overhead[:2]
 
 
+def test_timed_candidates_include_the_best_of_each_top_k():
+    """A top-8 profile predicted above a top-4 one fills the model's top three with top-8
+    trees; the timed set still holds the best top-4 tree, so measured steps weigh both."""
+    from specjax.choice import _best_trees, rank
+
+    top4, top8 = flat_profile(topk=4, gain=1.5), flat_profile(topk=8, gain=2.5)
+    draft = DraftCosts(key="d", kind="dynamic", topk=(4, 8), deep_depth=4,
+                       shallow=(0.01, 0.01), deep=(0.04, 0.04), overhead=0.0)  # fmt: skip
+    steep = VerifyCosts(key="v", nodes=(1, 16), seconds=(1.0, 2.5))
+    ranked = [tree for _, tree, _, _ in rank([top4, top8], steep, draft)]
+    assert all(tree.topk == 8 for tree in ranked[:3])  # the model alone would time no top-4
+    timed = _best_trees([top4, top8], steep, draft, count=3)
+    best4 = next(tree for tree in ranked if tree.topk == 4)
+    assert timed[:1] == ranked[:1] and best4 in timed and len(set(timed)) == 3
+    assert timed == sorted(timed, key=ranked.index)  # best predicted first
+    assert _best_trees([top4, top8], steep, draft, count=1) == ranked[:1]
+
+
 def test_choice_falls_back_to_autoregressive_when_no_tree_pays():
     profile = flat_profile(gain=0.1)
     draft = DraftCosts(key="d", kind="dynamic", topk=(4,), deep_depth=4,

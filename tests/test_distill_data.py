@@ -139,6 +139,7 @@ def test_features_are_teacher_forced_hidden_states(loaded):
         assert np.all(shard["feats"][r, n:] == 0)
 
 
+@pytest.mark.slow
 def test_answers_rebuild_the_same_dataset_without_generating(loaded, tmp_path, monkeypatch):
     answers = tmp_path / "answers"
     build_dataset(loaded, tmp_path / "a", CFG, source="tiny.bin", answers_dir=answers)

@@ -262,6 +262,7 @@ def test_reuse_serves_tokens_and_saves_chain_calls(tiny_target):
     assert stats[True]["accepted"][:, :-1].sum() > 0  # rejections happened: reuse was possible
 
 
+@pytest.mark.slow
 def test_stale_logits_change_the_tree(tiny_target):
     """The stale-plus-fresh variant: after a rejection the recomputed slots' draft distribution
     mixes in the carried (stale) hidden state, so the trees differ from the fresh-only ones
@@ -387,6 +388,7 @@ def test_training_lowers_the_loss(tiny_target, kind):
         assert moved > 1e-3
 
 
+@pytest.mark.slow
 def test_training_resumes_where_it_stopped(tiny_target, tmp_path, monkeypatch):
     """A run stopped after a progress save and started again with the same folder ends with the
     same weights as an unbroken run; a folder from a run with other settings is refused."""
@@ -500,6 +502,7 @@ def test_fusion_starts_as_the_last_hidden_state_and_needs_its_data(tiny_target):
             )
 
 
+@pytest.mark.slow
 def test_readouts_at_scored_positions_give_the_same_loss(tiny_target):
     """Computing the readouts at the answer positions only (scored_positions) is the same loss
     and the same metrics as computing them everywhere and masking."""

@@ -91,6 +91,7 @@ def test_eos_and_batch_independence(lively):
         np.testing.assert_array_equal(np.asarray(alone.tokens)[0], np.asarray(out.tokens)[i])
 
 
+@pytest.mark.slow
 def test_sampled_rows_do_not_depend_on_the_batch(lively):
     hispec = lively_hispec(lively)
     sampling = SamplingConfig(temperature=1.0)

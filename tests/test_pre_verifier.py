@@ -159,6 +159,7 @@ def test_early_stopped_drafting_keeps_what_pruning_keeps(target):
     assert depths[-1] < 5, depths
 
 
+@pytest.mark.slow
 def test_early_stop_saves_the_mdc_chain_levels_it_never_reaches(target):
     """mdc computes chain slot d when it expands level d: a stopped draft makes fewer chain
     calls, leaves the slots it reached as the full expansion computes them, and marks the others
@@ -292,6 +293,7 @@ def test_checkpoint_round_trip_and_load_drafter_switch(tmp_path, target):
     assert other.config.threshold == 0.6 and pv.config.threshold == 0.25
 
 
+@pytest.mark.slow
 def test_budget_thresholds_prune_each_tree_at_its_own_threshold(tmp_path, target):
     """A tree of N draft nodes is pruned at the trained threshold of the largest budget <= N
     (the smallest budget's below all of them); a new explicit threshold replaces the table;
@@ -323,6 +325,7 @@ def test_budget_thresholds_prune_each_tree_at_its_own_threshold(tmp_path, target
     np.testing.assert_array_equal(np.asarray(pre_verify.keep_mask(tree, pv, live, 4)), kept[0.2])
 
 
+@pytest.mark.slow
 def test_a_budget_left_unpruned_runs_the_whole_tree(target):
     """Threshold 0 in the trained table (the replay found no pruning faster there) leaves that
     budget's trees whole: drafted to full depth, verified at every node, nothing cut; a budget

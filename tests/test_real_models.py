@@ -76,6 +76,7 @@ def test_stories260k_nll_equals_transformers(stories, shared_dir):
     assert abs(nll - total / count) < 1e-4, (nll, total / count)
 
 
+@pytest.mark.slow
 def test_smollm2_chat_answer_contains_paris(smollm):
     tok = smollm.tokenizer
     text = tok.apply_chat(

@@ -103,6 +103,7 @@ def test_one_device_mesh_keeps_tokens():
     chex.assert_trees_all_equal(out.tokens, ref.tokens)
 
 
+@pytest.mark.slow
 def test_mesh_2x4_same_tokens_as_one_device():
     """2x4 host mesh: greedy and sampled generate, greedy speculative with a draft model, the
     sharded safetensors load, the refusals; weights' shardings and no recompilation asserted."""

@@ -68,7 +68,7 @@ def test_forward_is_the_same_function_in_both_layouts():
     chex.assert_trees_all_close(b.cache.k, a.cache.k, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("batch", [1, pytest.param(3, marks=pytest.mark.slow)])
 def test_greedy_decoding_equal_in_both_layouts(batch):
     """generate and speculative decoding (a 3-chain self-draft) give the same tokens whichever
     layout the target holds."""
@@ -103,7 +103,7 @@ def _canonical_weights(model):
     yield from model.layers.arrays().items()
 
 
-@pytest.mark.parametrize("kind", ["eagle", "mdc"])
+@pytest.mark.parametrize("kind", ["eagle", pytest.param("mdc", marks=pytest.mark.slow)])
 def test_feature_drafters_follow_the_target_layout(kind):
     """A feature drafter takes its target's layout (its layers and readout, see FeatureDrafter)
     and drafts the same trees in either: same tokens, same tokens per call."""
