@@ -5,6 +5,8 @@ from pathlib import Path
 
 import pytest
 
+from specjax.paths import shared_dir as _shared_dir  # no JAX import: the flags below still apply
+
 # The default run is dominated by compiling thousands of small programs, not by running them:
 # XLA's CPU backend at optimization level 0 compiles them ~1.5x faster (test_step.py +
 # test_verify.py: 87 s against 135 s on a 2-core AMD EPYC), at the cost of slower execution in
@@ -14,8 +16,6 @@ if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (
         os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0"
     ).strip()
-
-from specjax.paths import shared_dir as _shared_dir
 
 
 # Test files whose few tests run longest (sampling 120,000 rows each): first in the collection,
