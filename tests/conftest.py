@@ -5,13 +5,13 @@ from pathlib import Path
 
 import pytest
 
-from specjax.paths import shared_dir as _shared_dir  # no JAX import: the flags below still apply
+from specjax.paths import shared_dir as _shared_dir
 
 # The default run is dominated by compiling thousands of small programs, not by running them:
 # XLA's CPU backend at optimization level 0 compiles them ~1.5x faster (test_step.py +
 # test_verify.py: 87 s against 135 s on a 2-core AMD EPYC), at the cost of slower execution in
-# the few sampling-heavy tests. Set before JAX creates its CPU client; a level given in
-# XLA_FLAGS by the caller wins.
+# the few sampling-heavy tests. JAX reads XLA_FLAGS when it creates its CPU client (at the
+# first computation, not at import); a level given in XLA_FLAGS by the caller wins.
 if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (
         os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0"
