@@ -326,10 +326,10 @@ def _family(tree: TreeConfig):
 
 def _best_trees(profiles, verify, draft, *, count, **kwargs) -> list[TreeConfig]:
     """The `count` trees to time: the best predicted (see rank) of each family (_family), best
-    first, then the next best of any. Why families: the acceptance profile's error is not the
-    same for every family (measured: held-in profiles overrated eagle's top-8 trees on
-    MT-bench more than its top-4 ones), and the timed step costs only correct the cost side, so
-    timing the model's top few alone can leave the cheaper family unweighed."""
+    first, then the next best of any. Why families: the timed steps correct only the cost side
+    of the model, and the model's error differs between families; timing its top few alone
+    can leave a cheaper family unweighed (SmolLM2's eagle: three top-8 trees timed, never the
+    top-4 trees a fixed choice of which ran faster; NOTES.md, "Seventeenth session")."""
     ranked = list(dict.fromkeys(tree for _, tree, _, _ in rank(profiles, verify, draft, **kwargs)))
     top, families = [], set()
     for tree in ranked:
