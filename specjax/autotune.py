@@ -49,12 +49,17 @@ from specjax.tree import causal_mask
 
 DEFAULT_NODES = (1, 2, 4, 8, 16, 32, 64)
 DEFAULT_CONTEXT = 256  # committed positions before the measured block
-FORMAT_VERSION = 7  # 3: no pre-verifier in costs; 4: overhead may be unknown; 5: AR step loop;
-# 6: candidate steps as paired ratios to plain decoding; 7: t(N) timed in interleaved rounds
+FORMAT_VERSION = 8  # 3: no pre-verifier in costs; 4: overhead may be unknown; 5: AR step loop;
+# 6: candidate steps as paired ratios to plain decoding; 7: t(N) timed in interleaved rounds;
+# 8: candidate steps timed in CANDIDATE_ROUNDS rounds
 VERIFY_CALL_S = 0.2  # seconds a timed call of the target over N nodes lasts (several iterations)
 AR_TOKENS = 33  # decoding room of the plain-decoding state timed (generate's for 33 tokens)
 STATIC_DRAFT_NODES = (2, 4, 8, 16, 32, 64)
 COST_NEW_TOKENS = 4  # max_new_tokens of the speculative states steps are timed in
+# Rounds of CandidateSteps.measure. A SmolLM2 step on a 2-core CPU is ~0.1 s, so a ~0.2 s loop
+# runs it once or twice, and single loops spread ~20% there: the median of 5 paired ratios
+# instead of 3 (~1.6 s more on a first call) keeps neighbouring calls from choosing apart.
+CANDIDATE_ROUNDS = 5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -598,7 +603,7 @@ class CandidateSteps:
         self.loops[tree] = sized_loop(body, params, state, self.call_s)
         return self.loops[tree].per_iteration()
 
-    def measure(self, rounds: int = 3) -> tuple[float, dict]:
+    def measure(self, rounds: int = CANDIDATE_ROUNDS) -> tuple[float, dict]:
         """(seconds per autoregressive token, {tree: seconds per step}) from `rounds`
         interleaved rounds (see paired_medians)."""
         body, params, state = plain_decoding_step(

@@ -324,14 +324,16 @@ def _family(tree: TreeConfig):
     return ("topk", tree.topk) if tree.is_dynamic else ("depth", tree.max_depth)
 
 
-def _best_trees(profiles, verify, draft, *, count, **kwargs) -> list[TreeConfig]:
+def _best_trees(profiles, verify, draft, *, count, timed=(), **kwargs) -> list[TreeConfig]:
     """The `count` trees to time: the best predicted (see rank) of each family (_family), best
-    first, then the next best of any. Why families: the timed steps correct only the cost side
-    of the model, and the model's error differs between families; timing its top few alone
-    can leave a cheaper family unweighed (SmolLM2's eagle: three top-8 trees timed, never the
-    top-4 trees a fixed choice of which ran faster; NOTES.md, "Seventeenth session")."""
+    first, then the next best of any. `timed`: trees already timed, which stay in the set and
+    cover their families. Why families: the timed steps correct only the cost side of the
+    model, and the model's error differs between families; timing its top few alone can leave a
+    cheaper family unweighed (SmolLM2's eagle: three top-8 trees timed, never the top-4 trees a
+    fixed choice of which ran faster; NOTES.md, "Seventeenth session")."""
     ranked = list(dict.fromkeys(tree for _, tree, _, _ in rank(profiles, verify, draft, **kwargs)))
-    top, families = [], set()
+    top = [tree for tree in dict.fromkeys(timed) if tree in ranked]
+    families = {_family(tree) for tree in top}
     for tree in ranked:
         if len(top) < count and _family(tree) not in families:
             top.append(tree)
@@ -343,16 +345,16 @@ def _best_trees(profiles, verify, draft, *, count, **kwargs) -> list[TreeConfig]
 def _time_best(steps, profiles, verify, draft, *, count, **kwargs) -> DraftCosts:
     """Add the `count` best predicted trees to `steps` (autotune.CandidateSteps). When the
     drafter's step overhead is unknown, the first tree is ranked without it and timed, its
-    step's excess over draft + verify becomes the overhead, and the rest are ranked with it.
+    step's excess over draft + verify becomes the overhead, and the rest are ranked with it
+    (the first tree keeps its slot and covers its family: _best_trees `timed`).
     Returns `draft` with the overhead it was ranked with."""
     if draft.overhead is None:
         first = _best_trees(profiles, verify, draft, count=1, **kwargs)[0]
         seconds = steps.add(first)
         excess = seconds - draft.t_draft(first) - verify.t_verify(first.num_nodes)
         draft = dataclasses.replace(draft, overhead=max(excess, 0.0))
-    for tree in _best_trees(profiles, verify, draft, count=count, **kwargs):
-        if len(steps.loops) >= count:
-            break
+    chosen = _best_trees(profiles, verify, draft, count=count, timed=tuple(steps.loops), **kwargs)
+    for tree in chosen:
         if tree not in steps.loops:
             steps.add(tree)
     return draft

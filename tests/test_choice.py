@@ -176,6 +176,26 @@ def test_timed_candidates_include_the_best_of_each_top_k():
     assert _best_trees([top4, top8], steep, draft, count=1) == ranked[:1]
 
 
+def test_the_first_timed_tree_covers_its_family():
+    """Unknown overhead: the tree timed first (ranked without the overhead) keeps its slot and
+    counts for its top-k, so the remaining slots still reach the other top-k. Before, it took
+    a slot the family rule did not see, and the top-4 family went untimed here."""
+    from specjax.choice import _best_trees, _time_best, rank
+
+    top4, top8 = flat_profile(topk=4, gain=1.5), flat_profile(topk=8, gain=2.5)
+    draft = DraftCosts(key="d", kind="dynamic", topk=(4, 8), deep_depth=4,
+                       shallow=(0.01, 0.01), deep=(0.04, 0.04))  # fmt: skip
+    steep = VerifyCosts(key="v", nodes=(1, 16), seconds=(1.0, 2.5))
+    first = _best_trees([top4, top8], steep, draft, count=1)[0]
+    steps = FakeSteps(lambda t: draft.t_draft(t) + steep.t_verify(t.num_nodes) + 3.0)
+    ranked_with = _time_best(steps, [top4, top8], steep, draft, count=2)
+    ranked = [tree for _, tree, _, _ in rank([top4, top8], steep, ranked_with)]
+    # The case the rule is for: with the overhead the best tree is another top-8 tree.
+    assert first.topk == 8 and ranked[0] != first and ranked[0].topk == 8
+    best4 = next(tree for tree in ranked if tree.topk == 4)
+    assert list(steps.loops) == [first, best4]
+
+
 def test_choice_falls_back_to_autoregressive_when_no_tree_pays():
     profile = flat_profile(gain=0.1)
     draft = DraftCosts(key="d", kind="dynamic", topk=(4,), deep_depth=4,
