@@ -58,7 +58,8 @@ STATIC_DRAFT_NODES = (2, 4, 8, 16, 32, 64)
 COST_NEW_TOKENS = 4  # max_new_tokens of the speculative states steps are timed in
 # Rounds of CandidateSteps.measure. A SmolLM2 step on a 2-core CPU is ~0.1 s, so a ~0.2 s loop
 # runs it once or twice, and single loops spread ~20% there: the median of 5 paired ratios
-# instead of 3 (~1.6 s more on a first call) keeps neighbouring calls from choosing apart.
+# instead of 3 (~1.6 s more on a first call) steadies one cost file's ratios. It does not make
+# two cost files of one process agree (NOTES.md, "Eighteenth session").
 CANDIDATE_ROUNDS = 5
 
 
