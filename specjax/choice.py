@@ -49,6 +49,11 @@ PROBE_TOPKS = (4, 8)
 # A calibration on the call's own prompts (nothing calibrated before) uses at most these.
 CALIBRATION_ROWS = 4
 CALIBRATION_TOKENS = 48
+# Every node count up to this many verified rows (batch x nodes) is timed, not interpolated: on a
+# CPU t(N) is a staircase, not a line (SmolLM2 at batch 1: t(8) 1.27x t(1) where t(5..7) are
+# 1.5x and t(9..15) 1.7-1.9x; t(16) 1.5x, t(17) 2.5x; NOTES.md, "Nineteenth session"), and the
+# candidates are the trees of timed node counts only. Past it the partial tile's share is small.
+FINE_ROWS = 16
 # The smallest context costs are measured at (SpecConfig.auto() with context None): contexts are
 # rounded to powers of two from here, so a machine measures a handful of cost sets at most.
 MIN_COST_CONTEXT = 64
@@ -150,6 +155,14 @@ def best_tau(profiles: Sequence[AcceptanceProfile], max_nodes: int) -> float:
     return max(p.predict_tau(t) for p in profiles for t in candidate_trees(p, max_nodes))
 
 
+def verify_grid(batch: int, max_nodes: int) -> list[int]:
+    """The node counts t(N) is timed at for a call of `batch` rows: every count up to
+    FINE_ROWS // batch, the powers of two past it, and max_nodes."""
+    fine = set(range(1, max(FINE_ROWS // batch, 1) + 1))
+    powers = {n for n in (1, 2, 4, 8, 16, 32, 64) if n < max_nodes}
+    return sorted({n for n in fine | powers if n < max_nodes} | {max_nodes})
+
+
 def rank(
     profiles: Sequence[AcceptanceProfile],
     verify: VerifyCosts,
@@ -158,14 +171,19 @@ def rank(
     max_nodes: int = 64,
     room: int | None = None,
     rule: str = "auto",
+    timed_nodes_only: bool = False,
 ) -> list[tuple[float, TreeConfig, float, float]]:
     """Every candidate tree as (predicted tokens per second, tree, predicted tau, predicted
     seconds per step), best first (module docstring). room: the cache slots a step may use
-    past a row's length (None: no limit)."""
+    past a row's length (None: no limit). timed_nodes_only: only trees whose node count t(N)
+    was timed at (verify.nodes) are candidates, none priced by interpolation."""
     ranked = []
+    timed_nodes = set(verify.nodes)
     for profile in profiles:
         for tree in candidate_trees(profile, max_nodes):
             if rule in ("chain", "hsd") and not tree.is_chain:
+                continue
+            if timed_nodes_only and tree.num_nodes not in timed_nodes:
                 continue
             if draft.kind == "dynamic" and tree.topk not in draft.topk:
                 continue
@@ -194,6 +212,7 @@ def choose(
     allow_autoregressive: bool = True,
     min_speedup: float = 1.0,
     measured: tuple[float, dict] | None = None,
+    timed_nodes_only: bool = False,
 ) -> Choice:
     """The candidate of highest predicted tokens per second (see rank). measured: (seconds per
     autoregressive token, {tree: measured seconds per step}) from autotune.CandidateSteps: those
@@ -201,7 +220,8 @@ def choose(
     cost) instead of the model's. When no tree is predicted to beat autoregressive decoding
     and allow_autoregressive, the choice is plain decoding (config None); likewise when the
     best is predicted below min_speedup."""
-    ranked = rank(profiles, verify, draft, max_nodes=max_nodes, room=room, rule=rule)
+    ranked = rank(profiles, verify, draft, max_nodes=max_nodes, room=room, rule=rule,
+                  timed_nodes_only=timed_nodes_only)  # fmt: skip
     t_ar = verify.t_autoregressive
     if measured is not None:
         t_ar, steps = measured
@@ -360,9 +380,10 @@ def _time_best(steps, profiles, verify, draft, *, count, **kwargs) -> DraftCosts
     return draft
 
 
-def _plan_label(profiles, *, max_nodes, room, auto) -> str:
-    """What decides which trees resolve_auto times (the cache key of their timings)."""
-    text = repr((profiles, max_nodes, room, auto.rule, auto.timed_candidates))
+def _plan_label(profiles, *, max_nodes, room, auto, nodes) -> str:
+    """What decides which trees resolve_auto times (the cache key of their timings); nodes:
+    the node counts t(N) was timed at (the candidates' sizes)."""
+    text = repr((profiles, max_nodes, room, auto.rule, auto.timed_candidates, tuple(nodes)))
     return "plan-" + hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -404,7 +425,7 @@ def resolve_auto(
     profiles = [p.scaled(shift) for p in calibrated]
     # Costs at the call's context (cost_context), leaving the model room for the largest tree.
     max_nodes = max(2, min(auto.max_nodes, auto.max_batch_nodes // batch))
-    grid = sorted({n for n in (1, 2, 4, 8, 16, 32, 64) if n < max_nodes} | {max_nodes})
+    grid = verify_grid(batch, max_nodes)
     # Timed candidates measure plain decoding alongside their steps: no separate AR timing then.
     # The grid stops where a forward costs twice the best tau any candidate can reach in
     # one-node forwards: a tree that large cannot beat plain decoding (the factor leaves room
@@ -417,7 +438,9 @@ def resolve_auto(
     if drafter.dynamic_trees:
         extra = {"topks": tuple(sorted({p.topk for p in profiles}))}
     else:
-        extra = {"nodes": tuple(n for n in grid if n >= 2) or (2,)}
+        # A draft model's cost is a smaller share of a step: its block sizes stay coarse.
+        coarse = [n for n in grid if n >= 2 and (n & (n - 1) == 0 or n == max_nodes)]
+        extra = {"nodes": tuple(coarse) or (2,)}
     # With timed candidates the step overhead comes from the first of them (one whole step
     # less to compile, on a first call that is mostly compilation).
     draft = draft_costs(
@@ -426,12 +449,14 @@ def resolve_auto(
     )  # fmt: skip
     measured = None
     if auto.timed_candidates > 0:
-        plan = _plan_label(profiles, max_nodes=max_nodes, room=room, auto=auto)
+        plan = _plan_label(profiles, max_nodes=max_nodes, room=room, auto=auto,
+                           nodes=verify.nodes)  # fmt: skip
 
         def select(steps):
             nonlocal draft
             draft = _time_best(steps, profiles, verify, draft, max_nodes=max_nodes, room=room,
-                               rule=auto.rule, count=auto.timed_candidates)  # fmt: skip
+                               rule=auto.rule, count=auto.timed_candidates,
+                               timed_nodes_only=True)  # fmt: skip
 
         measured = timed_steps(target, drafter, plan, select, batch=batch, context=context,
                                progress=progress)  # fmt: skip
@@ -439,7 +464,7 @@ def resolve_auto(
         profiles, verify, draft, max_nodes=max_nodes, room=room, rule=auto.rule,
         attn_impl=auto.attn_impl, allow_autoregressive=auto.allow_autoregressive,
         min_speedup=auto.min_speedup,
-        measured=measured,
+        measured=measured, timed_nodes_only=True,
     )  # fmt: skip
     choice = dataclasses.replace(choice, acceptance_shift=shift, profiles=tuple(calibrated))
     announced = (id(target), id(drafter), batch, mode, choice.tree_label(), shift)

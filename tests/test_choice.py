@@ -15,7 +15,7 @@ from flax import nnx
 import specjax
 from specjax.acceptance import AcceptanceProfile, ProfileRecorder, read_profiles, write_profiles
 from specjax.autotune import DraftCosts, VerifyCosts
-from specjax.choice import Choice, candidate_trees, choose, probes_for
+from specjax.choice import Choice, candidate_trees, choose, probes_for, rank, verify_grid
 from specjax.config import TINY, AutoSpecConfig, SpecConfig, TreeConfig
 from specjax.drafters import LMDrafter
 
@@ -97,6 +97,34 @@ def test_choice_follows_the_cost_curve():
     # Room for at most 3 cache slots past a row: only trees that fit are weighed.
     small = choose([profile], flat, draft, room=3)
     assert max(small.config.tree.num_nodes, small.config.tree.max_depth + 1) <= 3
+
+
+def test_a_staircase_t_n_is_priced_at_timed_node_counts_only():
+    """On a CPU t(N) is a staircase (SmolLM2: t(8) well under t(5..7)): interpolating between
+    powers of two prices 9-15 nodes like 8-16 ones. Timed at every count (the fine grid), the
+    choice finds the cheap step; asked for timed counts only, no tree between timed counts is
+    a candidate."""
+    profile = flat_profile()
+    draft = DraftCosts(key="d", kind="dynamic", topk=(4,), deep_depth=4,
+                       shallow=(0.01,), deep=(0.04,))  # fmt: skip
+    nodes = tuple(range(1, 17))
+    stairs = tuple(1.0 if n in (1, 8, 16) else 1.0 + 0.1 * n for n in nodes)  # t(8) = t(16) = t(1)
+    fine = VerifyCosts(key="v", nodes=nodes, seconds=stairs)
+    coarse = VerifyCosts(key="v", nodes=(1, 2, 4, 8, 16), seconds=tuple(stairs[n - 1]
+                         for n in (1, 2, 4, 8, 16)))  # fmt: skip
+    assert choose([profile], fine, draft, timed_nodes_only=True).config.tree.num_nodes in (8, 16)
+    ranked = rank([profile], coarse, draft, timed_nodes_only=True)
+    assert {tree.num_nodes for _, tree, _, _ in ranked} <= {2, 4, 8, 16}
+    everything = rank([profile], coarse, draft)
+    assert {tree.num_nodes for _, tree, _, _ in everything} > {2, 4, 8, 16}
+
+
+def test_verify_grid_is_fine_at_few_rows():
+    assert verify_grid(1, 64) == list(range(1, 17)) + [32, 64]
+    assert verify_grid(4, 64) == [1, 2, 3, 4, 8, 16, 32, 64]
+    assert verify_grid(32, 64) == [1, 2, 4, 8, 16, 32, 64]
+    assert verify_grid(2, 4) == [1, 2, 3, 4]
+    assert verify_grid(1, 12) == list(range(1, 13))
 
 
 def test_measured_steps_override_the_model():
