@@ -51,7 +51,8 @@ DEFAULT_NODES = (1, 2, 4, 8, 16, 32, 64)
 DEFAULT_CONTEXT = 256  # committed positions before the measured block
 FORMAT_VERSION = 9  # 3: no pre-verifier in costs; 4: overhead may be unknown; 5: AR step loop;
 # 6: candidate steps as paired ratios to plain decoding; 7: t(N) timed in interleaved rounds;
-# 8: candidate steps timed in CANDIDATE_ROUNDS rounds; 9: candidates at timed node counts only
+# 8: candidate steps timed in CANDIDATE_ROUNDS rounds; 9: candidates at timed node counts only,
+# one ledger of timed steps per drafter, batch and context
 VERIFY_CALL_S = 0.2  # seconds a timed call of the target over N nodes lasts (several iterations)
 AR_TOKENS = 33  # decoding room of the plain-decoding state timed (generate's for 33 tokens)
 STATIC_DRAFT_NODES = (2, 4, 8, 16, 32, 64)
@@ -583,30 +584,46 @@ class CandidateSteps:
     returns a first estimate) and then timed together (`measure`) in interleaved rounds with
     plain decoding: a CPU's speed drifts by tens of percent within minutes, so the ratios that
     decide the choice are taken under the same conditions. Each tree's step runs in a jitted
-    loop sized to ~call_s, and so is plain decoding (plain_decoding_step)."""
+    loop sized to ~call_s, and so is plain decoding (plain_decoding_step).
+
+    known: {tree: step / plain-token ratio} timed before at this drafter, batch and context
+    (timed_steps' ledger): those trees are not compiled or timed again, and their ratios are
+    reported at this measurement's plain-token seconds."""
 
     def __init__(self, target, drafter, *, batch: int = 1, context: int = DEFAULT_CONTEXT,
-                 call_s: float = 0.2, progress: Callable[[str], None] | None = None):  # fmt: skip
+                 call_s: float = 0.2, progress: Callable[[str], None] | None = None,
+                 known: dict | None = None, known_ar: float = 0.0):  # fmt: skip
         self.target, self.drafter = target, drafter
         self.batch, self.context, self.call_s = batch, context, call_s
         self.say = progress or (lambda message: None)
-        self.loops: dict = {}  # tree -> TimedLoop of its whole step
+        self.known, self.known_ar = dict(known or {}), known_ar
+        self.trees: list = []  # every tree asked for, in order
+        self.loops: dict = {}  # tree -> TimedLoop of its whole step (the trees not known)
 
     def add(self, tree) -> float:
-        """Compile `tree`'s step and return its seconds per step from one sized call."""
+        """Ask for `tree`'s step: its seconds per step, from the ledger when known, else from
+        one sized call of its newly compiled step."""
         from specjax.config import SpecConfig
 
-        self.say(f"timing candidate steps: {len(self.loops) + 1}")
-        body, params, state = _step_body(
-            self.target, self.drafter, SpecConfig(tree=tree, pre_verify=False),
-            batch=self.batch, context=self.context,
-        )  # fmt: skip
-        self.loops[tree] = sized_loop(body, params, state, self.call_s)
+        if tree not in self.trees:
+            self.trees.append(tree)
+        if tree in self.known:
+            return self.known[tree] * self.known_ar
+        if tree not in self.loops:
+            self.say(f"timing candidate steps: {len(self.loops) + 1}")
+            body, params, state = _step_body(
+                self.target, self.drafter, SpecConfig(tree=tree, pre_verify=False),
+                batch=self.batch, context=self.context,
+            )  # fmt: skip
+            self.loops[tree] = sized_loop(body, params, state, self.call_s)
         return self.loops[tree].per_iteration()
 
     def measure(self, rounds: int = CANDIDATE_ROUNDS) -> tuple[float, dict]:
-        """(seconds per autoregressive token, {tree: seconds per step}) from `rounds`
-        interleaved rounds (see paired_medians)."""
+        """(seconds per autoregressive token, {tree: step / plain-token ratio}) for every tree
+        asked for: the new ones from `rounds` interleaved rounds (see paired_medians), the known
+        ones from the ledger. Nothing new: the ledger's plain-token seconds, nothing timed."""
+        if not self.loops:
+            return self.known_ar, {tree: self.known[tree] for tree in self.trees}
         body, params, state = plain_decoding_step(
             self.target, batch=self.batch, context=self.context
         )
@@ -617,7 +634,9 @@ class CandidateSteps:
             ar_times.append(plain.per_iteration())
             for tree, times in step_times.items():
                 times.append(self.loops[tree].per_iteration())
-        return paired_medians(ar_times, step_times)
+        ar, seconds = paired_medians(ar_times, step_times)
+        ratios = {tree: self.known.get(tree, 0.0) or seconds[tree] / ar for tree in self.trees}
+        return ar, ratios
 
 
 def paired_medians(ar_times: Sequence[float], step_times: dict) -> tuple[float, dict]:
@@ -735,7 +754,6 @@ def draft_costs(
 def timed_steps(
     target,
     drafter,
-    plan: str,
     select: Callable[[CandidateSteps], None],
     *,
     batch: int = 1,
@@ -745,33 +763,42 @@ def timed_steps(
     progress: Callable[[str], None] | None = _print_progress,
 ) -> tuple[float, dict]:
     """(seconds per autoregressive token, {tree: seconds per step}) for the trees `select`
-    adds to a CandidateSteps, kept on disk per drafter, batch, context and `plan` (a string
-    naming everything that decides which trees `select` adds)."""
+    asks a CandidateSteps for. Every tree's step / plain-token ratio is kept in one ledger on
+    disk per drafter, batch and context, and a tree in it is not timed again: calls whose
+    acceptance shift or cache length differ then weigh the same trees at the same ratios.
+    Why: within one process, cost sets timed minutes apart put plain decoding at 50-83 ms and
+    the same trees' ratios 15% apart, so neighbouring calls chose from timings that disagreed
+    (NOTES.md, "Eighteenth session"). The seconds returned are the ratios at the plain-token
+    seconds of the ledger's latest timing."""
     from specjax.config import TreeConfig
 
     folder = Path(folder) if folder is not None else cache_dir()
-    key = drafter_key(target, drafter, batch=batch, context=context) + "|" + plan
+    key = drafter_key(target, drafter, batch=batch, context=context)
     path = _cache_file(key, folder, "steps")
+    known, known_ar = {}, 0.0
     if path.exists() and not refresh:
         try:
             data = json.loads(path.read_text())
             if data["key"] == key and data["version"] == FORMAT_VERSION:
                 trees = [TreeConfig(branching=tuple(t["branching"]), budget=int(t["budget"]))
                          for t in data["trees"]]  # fmt: skip
-                seconds = dict(zip(trees, map(float, data["seconds"]), strict=True))
-                return float(data["ar_token"]), seconds
+                known = dict(zip(trees, map(float, data["ratios"]), strict=True))
+                known_ar = float(data["ar_token"])
         except (ValueError, KeyError, TypeError):
-            pass
-    steps = CandidateSteps(target, drafter, batch=batch, context=context, progress=progress)
+            known, known_ar = {}, 0.0
+    steps = CandidateSteps(target, drafter, batch=batch, context=context, progress=progress,
+                           known=known, known_ar=known_ar)  # fmt: skip
     select(steps)
-    ar, seconds = steps.measure()
-    data = {
-        "version": FORMAT_VERSION,
-        "key": key,
-        "ar_token": ar,
-        "trees": [dataclasses.asdict(t) for t in seconds],
-        "seconds": list(seconds.values()),
-    }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2) + "\n")
-    return ar, seconds
+    ar, ratios = steps.measure()
+    if steps.loops:  # something new was timed: the ledger grows
+        ledger = {**known, **ratios}
+        data = {
+            "version": FORMAT_VERSION,
+            "key": key,
+            "ar_token": ar,
+            "trees": [dataclasses.asdict(t) for t in ledger],
+            "ratios": list(ledger.values()),
+        }
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(data, indent=2) + "\n")
+    return ar, {tree: ratio * ar for tree, ratio in ratios.items()}

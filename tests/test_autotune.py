@@ -202,3 +202,50 @@ def test_step_timing_state_stands_in_for_a_real_prefill(tiny_target):
     )
     after = jax.jit(body)(params, state)
     assert jax.tree.structure(after) == jax.tree.structure(state)
+
+
+def test_timed_steps_keep_one_ledger_per_drafter_batch_and_context(
+    tiny_target, tmp_path, monkeypatch
+):
+    """A tree timed once is not timed again at the same drafter, batch and context: a later
+    call that asks for it gets the ratio the ledger holds (even where a new timing would read
+    otherwise), only its new trees are compiled and timed, and a call with nothing new times
+    nothing, plain decoding included."""
+    from specjax.config import TreeConfig
+
+    a, b, c = (TreeConfig.dynamic(n, 2, 4) for n in (3, 5, 7))
+    speed = {("plain",): 0.1, a: 0.2, b: 0.3, c: 0.4}
+    timed = []
+
+    class FakeLoop:
+        def __init__(self, what):
+            self.what = what
+
+        def per_iteration(self):
+            timed.append(self.what)
+            return speed[self.what]
+
+    monkeypatch.setattr(autotune, "sized_loop", lambda body, params, init, call_s: FakeLoop(body))
+    monkeypatch.setattr(autotune, "plain_decoding_step", lambda *a, **k: (("plain",), None, None))
+    monkeypatch.setattr(autotune, "_step_body", lambda t, d, config, **k: (config.tree, None, None))
+
+    def asking(*trees):
+        return lambda steps: [steps.add(tree) for tree in trees]
+
+    kw = dict(batch=1, context=16, folder=tmp_path, progress=None)
+    ar, seconds = autotune.timed_steps(tiny_target, tiny_target, asking(a, b), **kw)
+    assert ar == pytest.approx(0.1) and set(seconds) == {a, b}
+    assert seconds[b] == pytest.approx(0.3)
+    speed.update({("plain",): 0.2, b: 1.0})  # a slower spell; b would now read 5x plain
+    timed.clear()
+    ar, seconds = autotune.timed_steps(tiny_target, tiny_target, asking(b, c), **kw)
+    assert b not in timed and c in timed  # only the new tree is timed
+    assert ar == pytest.approx(0.2)
+    assert seconds[b] / ar == pytest.approx(3.0) and seconds[c] / ar == pytest.approx(2.0)
+    timed.clear()
+    ar, seconds = autotune.timed_steps(tiny_target, tiny_target, asking(a, c), **kw)
+    assert not timed and ar == pytest.approx(0.2)  # nothing new: nothing timed
+    assert seconds[a] / ar == pytest.approx(2.0) and set(seconds) == {a, c}
+    # Another context keeps its own ledger.
+    autotune.timed_steps(tiny_target, tiny_target, asking(a), **{**kw, "context": 32})
+    assert a in timed

@@ -155,10 +155,10 @@ class FakeSteps:
     """Stands in for autotune.CandidateSteps: `add` records the tree and returns a step time."""
 
     def __init__(self, seconds):
-        self.seconds, self.loops = seconds, {}
+        self.seconds, self.trees = seconds, []
 
     def add(self, tree):
-        self.loops[tree] = None
+        self.trees.append(tree)
         return self.seconds(tree)
 
 
@@ -177,13 +177,13 @@ def test_first_timed_candidate_gives_the_overhead():
     ranked_with = _time_best(steps, [profile], steep, draft, count=3)
     assert ranked_with.overhead == pytest.approx(overhead)
     with_overhead = _best_trees([profile], steep, ranked_with, count=3)
-    assert list(steps.loops) == [first] + [t for t in with_overhead if t != first][:2]
+    assert steps.trees == [first] + [t for t in with_overhead if t != first][:2]
     assert with_overhead[0].num_nodes > first.num_nodes  # the overhead moved the ranking
     # A known overhead is used as it is: no first timing apart from the rest.
     known = dataclasses.replace(draft, overhead=overhead)
     steps = FakeSteps(lambda t: 1.0)
     assert _time_best(steps, [profile], steep, known, count=2) == known
-    assert list(steps.loops) == with_overhead[:2]
+    assert steps.trees == with_overhead[:2]
 
 
 def test_timed_candidates_include_the_best_of_each_top_k():
@@ -221,7 +221,7 @@ def test_the_first_timed_tree_covers_its_family():
     # The case the rule is for: with the overhead the best tree is another top-8 tree.
     assert first.topk == 8 and ranked[0] != first and ranked[0].topk == 8
     best4 = next(tree for tree in ranked if tree.topk == 4)
-    assert list(steps.loops) == [first, best4]
+    assert steps.trees == [first, best4]
 
 
 def test_choice_falls_back_to_autoregressive_when_no_tree_pays():
