@@ -162,7 +162,7 @@ def test_bench_tiny_model_table_and_plots(tiny_target, tmp_path):
     bench.write_markdown([rows[0], auto_row], "header", out, costs=costs)
     text = out.read_text()
     assert "## Predicted vs measured" in text and "dynamic(3,2,4)" in text
-    assert "| tiny | 1.00 (1.00x) | 2.00 (2.00x) |" in text
+    assert "| 1 | 1.00 (1.00x) |" in text and "| 8 | 2.00 (2.00x) |" in text
     plots = bench.write_plots([rows[0], auto_row], tmp_path / "auto", costs=costs)
     assert {"auto_predicted.png", "auto_tverify.png"} <= {p.name for p in plots}
 

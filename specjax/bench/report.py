@@ -173,20 +173,24 @@ def write_markdown(
 
 
 def cost_table(costs: dict) -> list[str]:
-    """Markdown lines: each target's t(N) in ms and relative to t(1)."""
+    """Markdown lines: t(N) in ms and relative to t(1), a row per N, a column per target."""
     nodes = sorted({n for c in costs.values() for n in c.nodes})
     lines = [
         "## Target cost per verification, t(N) (specjax.autotune, batch 1)",
         "",
         "What SpecConfig.auto() chose from: one target forward over N tree nodes at "
-        "the context it measures at, ms (and / t(1)); see the _tverify plot.",
+        "the context it measures at, ms (and / t(1)), at the node counts it times; see the "
+        "_tverify plot.",
         "",
-        "| target | " + " | ".join(f"N={n}" for n in nodes) + " |",
-        "|---|" + "---|" * len(nodes),
+        "| N | " + " | ".join(costs) + " |",
+        "|---|" + "---|" * len(costs),
     ]
-    for name, c in costs.items():
-        cells = [f"{c.t_verify(n) * 1e3:.2f} ({c.relative(n):.2f}x)" for n in nodes]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    for n in nodes:
+        cells = [
+            f"{c.t_verify(n) * 1e3:.2f} ({c.relative(n):.2f}x)" if n in c.nodes else "-"
+            for c in costs.values()
+        ]
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
     return [*lines, ""]
 
 

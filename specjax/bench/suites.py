@@ -71,7 +71,7 @@ def run_suites(
         )  # fmt: skip
         if costs is not None:
             from specjax.autotune import verify_costs
-            from specjax.choice import cost_context
+            from specjax.choice import cost_context, verify_grid
             from specjax.config import AutoSpecConfig
             from specjax.decode import PROMPT_BUCKET
 
@@ -82,7 +82,10 @@ def run_suites(
             width = -(-lengths[len(lengths) // 2] // PROMPT_BUCKET) * PROMPT_BUCKET
             call_context = width + first.max_new_tokens
             context = cost_context(target.model, AutoSpecConfig(), call_context)
-            costs[f"{suite.name} (context {context})"] = verify_costs(target.model, context=context)
+            grid = verify_grid(1, AutoSpecConfig().max_nodes)  # the default call's node counts
+            costs[f"{suite.name} (context {context})"] = verify_costs(
+                target.model, context=context, nodes=grid
+            )
         jax.clear_caches()  # many compiled programs per suite: keep one process within memory
     return rows, described
 
