@@ -624,6 +624,13 @@ class CandidateSteps:
         ones from the ledger. Nothing new: the ledger's plain-token seconds, nothing timed."""
         if not self.loops:
             return self.known_ar, {tree: self.known[tree] for tree in self.trees}
+        new_ar, seconds = self._time_new(rounds)
+        ratios = {tree: self.known[tree] if tree in self.known else seconds[tree] / new_ar
+                  for tree in self.trees}  # fmt: skip
+        return new_ar, ratios
+
+    def _time_new(self, rounds: int) -> tuple[float, dict]:
+        """paired_medians of plain decoding and the trees not known, in `rounds` rounds."""
         body, params, state = plain_decoding_step(
             self.target, batch=self.batch, context=self.context
         )
@@ -634,9 +641,7 @@ class CandidateSteps:
             ar_times.append(plain.per_iteration())
             for tree, times in step_times.items():
                 times.append(self.loops[tree].per_iteration())
-        ar, seconds = paired_medians(ar_times, step_times)
-        ratios = {tree: self.known.get(tree, 0.0) or seconds[tree] / ar for tree in self.trees}
-        return ar, ratios
+        return paired_medians(ar_times, step_times)
 
 
 def paired_medians(ar_times: Sequence[float], step_times: dict) -> tuple[float, dict]:

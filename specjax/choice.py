@@ -31,6 +31,7 @@ from specjax.acceptance import (
     write_profiles,
 )
 from specjax.autotune import (
+    DEFAULT_NODES,
     DraftCosts,
     VerifyCosts,
     cache_dir,
@@ -159,8 +160,7 @@ def verify_grid(batch: int, max_nodes: int) -> list[int]:
     """The node counts t(N) is timed at for a call of `batch` rows: every count up to
     FINE_ROWS // batch, the powers of two past it, and max_nodes."""
     fine = set(range(1, max(FINE_ROWS // batch, 1) + 1))
-    powers = {n for n in (1, 2, 4, 8, 16, 32, 64) if n < max_nodes}
-    return sorted({n for n in fine | powers if n < max_nodes} | {max_nodes})
+    return sorted({n for n in fine | set(DEFAULT_NODES) if n < max_nodes} | {max_nodes})
 
 
 def rank(
@@ -435,7 +435,7 @@ def resolve_auto(
         extra = {"topks": tuple(sorted({p.topk for p in profiles}))}
     else:
         # A draft model's cost is a smaller share of a step: its block sizes stay coarse.
-        coarse = [n for n in grid if n >= 2 and (n & (n - 1) == 0 or n == max_nodes)]
+        coarse = [n for n in grid if n >= 2 and (n in DEFAULT_NODES or n == max_nodes)]
         extra = {"nodes": tuple(coarse) or (2,)}
     # With timed candidates the step overhead comes from the first of them (one whole step
     # less to compile, on a first call that is mostly compilation).
