@@ -210,7 +210,13 @@ class Llama(nnx.Module):
             # slices as xs/ys instead copied the whole cache several times per call, which
             # dominated batched decoding on CPU.
             x, k_all, v_all = carry
-            p, layer = xs
+            layer = xs
+            # Each layer's weights are read from the whole stack by index (as scanning the
+            # stack as xs does). A layer range scanned over a static slice of the stack
+            # (w[lo:hi]) copied the slice on every call: layers [8, 30) of SmolLM2 cost 4x the
+            # whole forward (experiments/results/layer_range.md).
+            p = {n: jax.lax.dynamic_index_in_dim(w, layer, 0, keepdims=False)
+                 for n, w in weights.items()}  # fmt: skip
             q, k, v = project_qkv(
                 p, rms_norm(x, p["attn_norm"], cfg.norm_eps), cos, sin, cfg, out_in
             )
@@ -228,9 +234,8 @@ class Llama(nnx.Module):
         for lo, hi in zip(bounds[:-1], bounds[1:], strict=False):
             if lo in return_hidden:
                 hidden_out[lo] = x
-            seg = {n: w[lo:hi] for n, w in weights.items()}
             (x, k_all, v_all), _ = jax.lax.scan(
-                body, (x, k_all, v_all), (seg, jnp.arange(lo, hi, dtype=jnp.int32))
+                body, (x, k_all, v_all), jnp.arange(lo, hi, dtype=jnp.int32)
             )
         if end in return_hidden:
             hidden_out[end] = x
