@@ -39,3 +39,18 @@ def assert_one_loop_no_callbacks(closed_jaxpr) -> None:
     assert outer_while_loops(jaxpr) == 1, outer_while_loops(jaxpr)
     callbacks = {n for n in primitive_names(jaxpr) if "callback" in n}
     assert not callbacks, callbacks
+
+
+def stack_slices(jaxpr, n_layers: int) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """(operand shape, result shape) of every static `slice` that cuts fewer than n_layers
+    entries out of an array stacked over n_layers (leading axis), anywhere in the program: a
+    copy of that part of the stack on every call."""
+    found = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "slice":
+            shape, out = eqn.invars[0].aval.shape, eqn.outvars[0].aval.shape
+            if len(shape) >= 2 and shape[0] == n_layers and out[0] < n_layers:
+                found.append((tuple(shape), tuple(out)))
+        for sub in _subjaxprs(eqn):
+            found += stack_slices(sub, n_layers)
+    return found

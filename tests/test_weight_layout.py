@@ -2,12 +2,16 @@
 function either way, canonical arrays for everything that reads weights from outside the
 forward pass, and the layout each way a model is built picks."""
 
+import dataclasses
+import functools
+
 import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from jaxpr_checks import stack_slices
 
 import specjax
 from specjax.cache import init_cache
@@ -66,6 +70,45 @@ def test_forward_is_the_same_function_in_both_layouts():
     chex.assert_trees_all_close(b.logits, a.logits, atol=1e-4, rtol=1e-4)
     chex.assert_trees_all_close(b.hidden, a.hidden, atol=1e-5, rtol=1e-5)
     chex.assert_trees_all_close(b.cache.k, a.cache.k, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("out_in", [False, True])
+def test_a_layer_range_indexes_the_weight_stack_instead_of_slicing_it(out_in):
+    """Every layer range (HiSpec's three, self-drafting's first layers, the segments between
+    returned hidden states) reads each layer's weights out of the whole stack by index inside
+    the layer loop. A static slice of the stack is a copy of those layers' weights on every
+    call: on XLA:CPU it made layers [8, 30) of SmolLM2 cost 3-3.6x the whole forward
+    (experiments/results/layer_range_before.md)."""
+    cfg = dataclasses.replace(TINY, n_layers=4)
+    model = Llama(cfg, rngs=nnx.Rngs(0), out_in=out_in)
+    graphdef, params = nnx.split(model)
+    cache = init_cache(cfg, 1, 16)
+    positions = jnp.arange(3, dtype=jnp.int32)[None]
+
+    def forward(params, tokens, hidden, layer_range, return_hidden):
+        out = nnx.merge(graphdef, params)(
+            tokens, hidden=hidden, positions=positions, cache=cache, tree_mask=causal_mask(1, 3),
+            layer_range=layer_range, return_hidden=return_hidden,
+        )  # fmt: skip
+        return out.hidden, out.cache.k
+
+    tokens = jnp.ones((1, 3), jnp.int32)
+    hidden = jnp.zeros((1, 3, cfg.d_model), jnp.float32)
+    for tok, hid, layer_range, returned in [
+        (None, hidden, (1, 3), (3,)),  # a middle range
+        (tokens, None, (0, 2), (2,)),  # the first layers (self-draft, a draft exit)
+        (None, hidden, (2, 4), ()),  # the last layers (a flush)
+        (tokens, None, (0, 4), (1, 3)),  # the whole stack in three segments
+    ]:
+        jaxpr = jax.make_jaxpr(
+            functools.partial(forward, layer_range=layer_range, return_hidden=returned)
+        )(params, tok, hid)
+        assert not stack_slices(jaxpr.jaxpr, cfg.n_layers), (layer_range, returned)
+    # the check sees a slice of the stack where there is one
+    sliced = jax.make_jaxpr(lambda p: jax.tree.map(lambda w: w[1:3], p))(
+        model.layers.compute_arrays()
+    )
+    assert stack_slices(sliced.jaxpr, cfg.n_layers)
 
 
 @pytest.mark.parametrize("batch", [1, pytest.param(3, marks=pytest.mark.slow)])
