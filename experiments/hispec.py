@@ -9,6 +9,8 @@ experiments/results/hispec.md.
 
     python experiments/hispec.py --targets smollm2        # MT-bench and EAGLE's qa, T = 0 and 1
     python experiments/hispec.py --targets stories260K --temperatures 0
+    python experiments/hispec.py --targets smollm2-screening --temperatures 0 \
+        --out experiments/results/hispec_tree_screening.md    # point 3: a large tree screened
 
 tau of a HiSpec row: tokens per full-target call (a buffer flush).
 """
@@ -19,7 +21,7 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from bench_suites import SUITES
+from bench_suites import FEATURE_TREE, SUITES
 
 from specjax.bench import AR, SPEC, Dataset, Method, main
 from specjax.config import TreeConfig
@@ -63,6 +65,17 @@ def methods(drafters, exit_heads):
     return tuple(rows)
 
 
+def screening_methods(drafter, exit_heads, tree=FEATURE_TREE):
+    """A feature drafter's large tree verified by the whole target and screened by the verify
+    exit: where a tree's verification costs most, the screen has the most to save."""
+    whole = f"{drafter}:nopv"
+    return (
+        Method(kind=AR),
+        Method(kind=SPEC, drafter=whole, tree=tree),
+        Method(kind=SPEC, drafter=whole, tree=tree, exit_heads=exit_heads),
+    )
+
+
 # The targets and prompt sets of bench_suites.py with these methods.
 HISPEC_SUITES = {
     "stories260K": dataclasses.replace(
@@ -73,6 +86,11 @@ HISPEC_SUITES = {
         SUITES["smollm2"],
         datasets=(Dataset.named("mt_bench", 8, 64), Dataset.named("qa", 8, 64)),
         methods=methods((SMOLLM2_EAGLE,), "checkpoints/smollm2-hispec"),
+    ),
+    "smollm2-screening": dataclasses.replace(
+        SUITES["smollm2"],
+        datasets=(Dataset.named("mt_bench", 8, 64),),
+        methods=screening_methods(SMOLLM2_EAGLE, "checkpoints/smollm2-hispec"),
     ),
 }
 
