@@ -204,17 +204,16 @@ class Llama(nnx.Module):
         if resolve_impl(attn_impl, cfg.head_dim) == "reference":
             visible = block_visibility(cache.lengths, tree_mask, cache.max_len)
 
-        def body(carry, xs):
+        def body(carry, layer):
             # The whole cache rides in the carry; only the block's K/V are written into it (in
             # place, row by row), and attention reads the layer's slice. Scanning over cache
             # slices as xs/ys instead copied the whole cache several times per call, which
             # dominated batched decoding on CPU.
             x, k_all, v_all = carry
-            layer = xs
             # Each layer's weights are read from the whole stack by index (as scanning the
             # stack as xs does). A layer range scanned over a static slice of the stack
-            # (w[lo:hi]) copied the slice on every call: layers [8, 30) of SmolLM2 cost 4x the
-            # whole forward (experiments/results/layer_range.md).
+            # (w[lo:hi]) copied the slice on every call: layers [8, 30) of SmolLM2 cost 3-3.6x
+            # the whole forward (experiments/results/layer_range_before.md).
             p = {n: jax.lax.dynamic_index_in_dim(w, layer, 0, keepdims=False)
                  for n, w in weights.items()}  # fmt: skip
             q, k, v = project_qkv(
