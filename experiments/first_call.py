@@ -1,7 +1,11 @@
 """What a user waits for on the first call of the default (SpecConfig.auto()): SmolLM2-135M with
 its eagle drafter on the first B MT-bench first turns, with an empty cost cache, every progress
 line of the measurement stamped with the seconds since the call began. Then the same call again
-(costs read from the cache, programs compiled). Writes experiments/results/first_call.md.
+(costs read from the cache, programs compiled), and the same call in two new processes: one
+with the measured costs only, one that also reads the compiled programs back (JAX's persistent
+compilation cache, which the `specjax` command line turns on: specjax.compile_cache). Each
+process's load time (target, tokenizer, drafter) is given too. Writes
+experiments/results/first_call.md.
 
     python experiments/first_call.py                 # B=1, 64 new tokens
     python experiments/first_call.py --batch 8
@@ -10,7 +14,9 @@ line of the measurement stamped with the seconds since the call began. Then the 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -21,27 +27,71 @@ import jax
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
+def _load(batch: int):
+    """(target, tokenizer, drafter, prompts, seconds spent loading)."""
+    import specjax
+    from specjax.datasets import encode_question, read_spec_bench, select_questions
+    from specjax.paths import SMOLLM2, SMOLLM2_EAGLE, repo_dir, shared_path
+
+    start = time.perf_counter()
+    loaded = specjax.load(shared_path(SMOLLM2))
+    tok = loaded.tokenizer
+    questions = select_questions(read_spec_bench("mt_bench_question.jsonl"), 80)
+    prompts = [encode_question(tok, q.turns[0]) for q in questions][:batch]
+    drafter = specjax.load_drafter(repo_dir() / SMOLLM2_EAGLE, loaded.model)
+    return loaded.model, tok, drafter, prompts, time.perf_counter() - start
+
+
+def _call(target, tok, drafter, prompts, max_new_tokens):
+    import specjax
+
+    out = specjax.speculative_generate(
+        target, drafter, prompts, max_new_tokens=max_new_tokens, eos_id=tok.eos_id
+    )
+    return jax.block_until_ready(out)
+
+
+def one_call(args) -> int:
+    """A new process: load, one call, its seconds as JSON on the last line."""
+    from specjax.compile_cache import enable_compilation_cache
+
+    enable_compilation_cache()  # None where $SPECJAX_COMPILATION_CACHE=0
+    target, tok, drafter, prompts, load_s = _load(args.batch)
+    start = time.perf_counter()
+    out = _call(target, tok, drafter, prompts, args.max_new_tokens)
+    call_s = time.perf_counter() - start
+    print(json.dumps({"load": load_s, "call": call_s, "tree": str(out.stats.get("tree"))}))
+    return 0
+
+
+def new_process(args, *, compiled_programs: bool) -> dict:
+    env = dict(os.environ, SPECJAX_COMPILATION_CACHE="1" if compiled_programs else "0")
+    argv = [sys.executable, __file__, "--one-call", "--batch", str(args.batch)]
+    argv += ["--max-new-tokens", str(args.max_new_tokens)]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--out", default=str(RESULTS / "first_call.md"))
+    parser.add_argument("--one-call", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.one_call:
+        return one_call(args)
 
     cache = tempfile.mkdtemp(prefix="specjax-first-call-")
     os.environ["SPECJAX_CACHE"] = cache  # empty: everything is measured
+    os.environ["SPECJAX_COMPILATION_CACHE"] = "1"
 
-    import specjax
     from specjax import autotune, choice
     from specjax.benchmark import device_header
-    from specjax.datasets import encode_question, read_spec_bench, select_questions
-    from specjax.paths import SMOLLM2, SMOLLM2_EAGLE, repo_dir, shared_path
+    from specjax.compile_cache import enable_compilation_cache
 
-    loaded = specjax.load(shared_path(SMOLLM2))
-    tok = loaded.tokenizer
-    questions = select_questions(read_spec_bench("mt_bench_question.jsonl"), 80)
-    prompts = [encode_question(tok, q.turns[0]) for q in questions][: args.batch]
-    drafter = specjax.load_drafter(repo_dir() / SMOLLM2_EAGLE, loaded.model)
+    enable_compilation_cache()  # as the command line does: <cache>/xla, empty
+    target, tok, drafter, prompts, load_s = _load(args.batch)
 
     stamps: list[tuple[float, str]] = []
     start = 0.0
@@ -53,18 +103,15 @@ def main(argv=None) -> int:
     autotune._print_progress = stamp  # the progress lines of the measurement, stamped
     choice._say = stamp
 
-    def call():
-        out = specjax.speculative_generate(
-            loaded.model, drafter, prompts, max_new_tokens=args.max_new_tokens, eos_id=tok.eos_id
-        )
-        return jax.block_until_ready(out)
-
     start = time.perf_counter()
-    out = call()
+    out = _call(target, tok, drafter, prompts, args.max_new_tokens)
     first = time.perf_counter() - start
     t0 = time.perf_counter()
-    call()
+    _call(target, tok, drafter, prompts, args.max_new_tokens)
     second = time.perf_counter() - t0
+    print("[first_call] new processes ...", file=sys.stderr, flush=True)
+    costs_only = new_process(args, compiled_programs=False)
+    with_programs = new_process(args, compiled_programs=True)
 
     lines = [
         "# The default call's first call",
@@ -77,8 +124,14 @@ def main(argv=None) -> int:
             command="python experiments/first_call.py " + " ".join(argv or sys.argv[1:]),
         ),
         "",
-        f"First call (empty cost cache): {first:.1f} s; the same call again: {second:.1f} s. "
-        f"Chosen: {out.stats.get('tree')}.",
+        "| the call | loading (s) | the call (s) | chosen |",
+        "|---|---|---|---|",
+        f"| first call, empty caches | {load_s:.1f} | {first:.1f} | {out.stats.get('tree')} |",
+        f"| the same call again, same process | | {second:.1f} | |",
+        f"| a new process, costs cached | {costs_only['load']:.1f} | {costs_only['call']:.1f} "
+        f"| {costs_only['tree']} |",
+        f"| a new process, costs and compiled programs cached | {with_programs['load']:.1f} | "
+        f"{with_programs['call']:.1f} | {with_programs['tree']} |",
         "",
         "| seconds into the first call | progress line |",
         "|---|---|",

@@ -2,10 +2,12 @@
 
 Public API: load, load_drafter, generate, score, speculative_generate, the drafters (HiSpec: the
 three-level early-exit drafter) and the config dataclasses; make_mesh and shard_model put the
-target on a ('data', 'model') device mesh.
+target on a ('data', 'model') device mesh; enable_compilation_cache keeps compiled programs on
+disk for later processes.
 """
 
 from specjax.api import speculative_generate
+from specjax.compile_cache import enable_compilation_cache
 from specjax.config import TINY, ModelConfig, SamplingConfig, SpecConfig, TreeConfig
 from specjax.decode import GenerateOutput, generate, score
 from specjax.drafters import Drafter, EagleDrafter, HiddenStateDrafter, LMDrafter, load_drafter
@@ -32,6 +34,7 @@ __all__ = [
     "SamplingConfig",
     "SpecConfig",
     "TreeConfig",
+    "enable_compilation_cache",
     "generate",
     "load",
     "load_drafter",

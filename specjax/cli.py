@@ -419,8 +419,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Commands whose wait is mostly compilation: a later run reads the compiled programs back.
+_COMPILE_CACHED = ("generate", "demo")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command in _COMPILE_CACHED:
+        from specjax.compile_cache import enable_compilation_cache
+
+        enable_compilation_cache()
     try:
         return args.func(args)
     except (ValueError, FileNotFoundError) as e:

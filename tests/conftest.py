@@ -17,6 +17,11 @@ if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
         os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0"
     ).strip()
 
+# The command line turns on JAX's persistent compilation cache (specjax.compile_cache); tests
+# that call it in process would leave it on for the rest of their worker. tests/
+# test_compile_cache.py turns it on where it is tested.
+os.environ.setdefault("SPECJAX_COMPILATION_CACHE", "0")
+
 
 # Test files whose few tests run longest (sampling 120,000 rows each): first in the collection,
 # so that under pytest-xdist (pyproject.toml) they start at once and the other worker takes the

@@ -154,3 +154,73 @@ def test_gguf_garbage_is_rejected(tmp_path):
     bad.write_bytes(b"GGUF" + b"\x03\x00\x00\x00" + b"\xff" * 64)
     with pytest.raises(ValueError, match="GGUF"):
         specjax.load(bad)
+
+
+def write_tiny_gguf(path, cfg, weights):
+    """A llama GGUF of `cfg` holding `weights` (canonical [in, out] matrices, stored [out, in]
+    as llama.cpp does) and a byte-level BPE tokenizer of cfg.vocab_size tokens."""
+    import gguf
+
+    from specjax.io.gguf_reader import _LAYER_NAMES
+
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_block_count(cfg.n_layers)
+    w.add_context_length(cfg.max_seq_len)
+    w.add_embedding_length(cfg.d_model)
+    w.add_feed_forward_length(cfg.ffn_dim)
+    w.add_head_count(cfg.n_heads)
+    w.add_head_count_kv(cfg.n_kv_heads)
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list([chr(ord("a") + i) for i in range(cfg.vocab_size)])
+    w.add_token_types([1] * cfg.vocab_size)
+    w.add_token_merges([])
+    w.add_tensor("token_embd.weight", weights["embed"])
+    w.add_tensor("output_norm.weight", weights["final_norm"])
+    for gguf_name, name in _LAYER_NAMES.items():
+        if name in weights:
+            for i, layer in enumerate(weights[name]):
+                w.add_tensor(f"blk.{i}.{gguf_name}.weight", layer.T if layer.ndim == 2 else layer)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_gguf_is_parsed_once_and_read_exactly(tmp_path, monkeypatch):
+    import gguf
+
+    from specjax.models.target import weight_shapes
+
+    rng = np.random.default_rng(0)
+    weights = {
+        k: rng.standard_normal(s).astype(np.float32) for k, s in weight_shapes(specjax.TINY).items()
+    }
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", specjax.TINY, weights)
+
+    # The reader over a plain view of the map holds the same records as the package's own.
+    from specjax.io.gguf_reader import open_gguf, read_gguf
+
+    ours, theirs = open_gguf(path), gguf.GGUFReader(str(path))
+    assert list(ours.fields) == list(theirs.fields)
+    assert [t.name for t in ours.tensors] == [t.name for t in theirs.tensors]
+    for a, b in zip(ours.tensors, theirs.tensors, strict=True):
+        np.testing.assert_array_equal(a.data, b.data)
+    _, read = read_gguf(ours)
+    for name, value in weights.items():
+        np.testing.assert_array_equal(read[name], value, err_msg=name)
+
+    # `load` parses the file once for the weights and the tokenizer (parsing SmolLM2's
+    # vocabulary is most of its loading time).
+    parses = []
+    init = gguf.GGUFReader.__init__
+
+    def counted_init(self, *args, **kwargs):
+        parses.append(args)
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(gguf.GGUFReader, "__init__", counted_init)
+    loaded = specjax.load(path)
+    assert len(parses) == 1
+    assert loaded.tokenizer.vocab_size == specjax.TINY.vocab_size
+    np.testing.assert_array_equal(np.asarray(loaded.model.embed[...]), weights["embed"])

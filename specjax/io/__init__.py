@@ -82,11 +82,12 @@ def load(
         cfg, weights = read_llama2c(path)
         found = _llama2c_tokenizer_next_to(path)
     elif fmt == "gguf":
-        from specjax.io.gguf_reader import read_gguf
+        from specjax.io.gguf_reader import open_gguf, read_gguf
 
-        cfg, weights = read_gguf(path)
+        reader = open_gguf(path)  # parsed once for the weights and the tokenizer
+        cfg, weights = read_gguf(reader)
         try:
-            found = tok.tokenizer_from_gguf(path)
+            found = tok.tokenizer_from_gguf(reader)
         except ValueError as e:  # no tokenizer in the metadata, or a kind we cannot rebuild
             warnings.warn(
                 f"{path}: {e}; loading without a tokenizer (pass tokenizer=...)", stacklevel=2

@@ -436,8 +436,8 @@ def _field_value(field):
 def tokenizer_from_gguf(path_or_reader) -> Tokenizer:
     """Rebuild the tokenizer stored in a GGUF file's metadata.
 
-    path_or_reader: a path, or an open `gguf.GGUFReader` (opening one parses all tensor records,
-    so a loader that already has one should pass it).
+    path_or_reader: a path, or a parsed file (`specjax.io.gguf_reader.open_gguf`, or any
+    `gguf.GGUFReader`): parsing is most of the cost, so a loader that has one passes it.
 
     tokenizer.ggml.model "gpt2" (byte-level BPE: SmolLM2, Llama 3, Qwen2, ...) becomes an
     `HFTokenizer` with the vocabulary, merges, the pre-tokenizer that ``tokenizer.ggml.pre``
@@ -450,8 +450,10 @@ def tokenizer_from_gguf(path_or_reader) -> Tokenizer:
     if isinstance(path_or_reader, gguf.GGUFReader):
         reader, where = path_or_reader, getattr(path_or_reader, "path", "GGUF file")
     else:
+        from specjax.io.gguf_reader import open_gguf
+
         where = str(path_or_reader)
-        reader = gguf.GGUFReader(where)
+        reader = open_gguf(where)
 
     def meta(key, default=None):
         field = reader.fields.get(key)
