@@ -54,3 +54,18 @@ def stack_slices(jaxpr, n_layers: int) -> list[tuple[tuple[int, ...], tuple[int,
         for sub in _subjaxprs(eqn):
             found += stack_slices(sub, n_layers)
     return found
+
+
+def indexed_matrix_stacks(jaxpr, n_layers: int) -> list[tuple[int, ...]]:
+    """Operand shapes of every `dynamic_slice` that takes one layer out of a stack of matrices
+    ([n_layers, a, b]) anywhere in the program: on XLA:CPU a copy of that layer's weights
+    before the product reads them."""
+    found = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dynamic_slice":
+            shape = eqn.invars[0].aval.shape
+            if len(shape) == 3 and shape[0] == n_layers:
+                found.append(tuple(shape))
+        for sub in _subjaxprs(eqn):
+            found += indexed_matrix_stacks(sub, n_layers)
+    return found

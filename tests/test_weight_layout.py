@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from jaxpr_checks import stack_slices
+from jaxpr_checks import indexed_matrix_stacks, stack_slices
 
 import specjax
 from specjax.cache import init_cache
@@ -49,8 +49,10 @@ def test_layouts_store_swapped_matrices_and_read_back_canonical():
     for name, arr in canonical.layers.arrays().items():
         back = swapped.layers.arrays()[name]
         np.testing.assert_array_equal(np.asarray(back), np.asarray(arr))
-        if name in MATRICES:
-            assert stored[name].shape == (arr.shape[0], arr.shape[2], arr.shape[1])
+        if name in MATRICES:  # one [out, in] buffer per layer
+            assert isinstance(stored[name], tuple) and len(stored[name]) == arr.shape[0]
+            for layer, w in zip(stored[name], np.asarray(arr), strict=True):
+                np.testing.assert_array_equal(np.asarray(layer), w.T)
         else:
             assert stored[name].shape == arr.shape
     assert target_fingerprint(swapped) == target_fingerprint(canonical)
@@ -104,9 +106,11 @@ def test_a_layer_range_indexes_the_weight_stack_instead_of_slicing_it(out_in):
             functools.partial(forward, layer_range=layer_range, return_hidden=returned)
         )(params, tok, hid)
         assert not stack_slices(jaxpr.jaxpr, cfg.n_layers), (layer_range, returned)
+        # out_in: the products read each layer's own buffer (no layer taken out of a stack)
+        assert bool(indexed_matrix_stacks(jaxpr.jaxpr, cfg.n_layers)) == (not out_in)
     # the check sees a slice of the stack where there is one
     sliced = jax.make_jaxpr(lambda p: jax.tree.map(lambda w: w[1:3], p))(
-        model.layers.compute_arrays()
+        Llama(cfg, rngs=nnx.Rngs(0), out_in=False).layers.compute_arrays()
     )
     assert stack_slices(sliced.jaxpr, cfg.n_layers)
 

@@ -14,9 +14,16 @@ with the weight leading (its out rows as the long side) stays within ~1.5x up to
 (SmolLM2 on a 2-core AMD EPYC: NOTES.md, "Fifteenth session"). The target uses out_in on the
 CPU backend (specjax.models.target.Layers), and a feature drafter bound to it follows
 (FeatureDrafter.set_layout); every checkpoint keeps the canonical layout.
+
+In the out_in layout the target also keeps each layer's matrices as separate buffers
+(`PerLayer`): XLA:CPU's products cannot read a slice of a buffer, so a layer scan over stacked
+matrices copied every layer's weights out of the stack on every forward, which cost SmolLM2
+about 40% of a plain decoding step.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -32,8 +39,28 @@ def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
     return (normed * scale.astype(jnp.float32)).astype(x.dtype)
 
 
-def dense(x: jax.Array, w: jax.Array, out_in: bool = False) -> jax.Array:
-    """x [..., I] times the weight matrix w: [I, O] (canonical) or [O, I] (out_in) -> [..., O]."""
+@dataclasses.dataclass(frozen=True)
+class PerLayer:
+    """One weight matrix per layer, each its own buffer, and the layer a scan step is at.
+
+    `dense` runs the product inside `lax.switch(layer, ...)`, one branch per layer, so each
+    branch reads its layer's buffer in place; indexing a stacked [L, ...] array instead makes
+    XLA:CPU copy the layer's slice before the product reads it."""
+
+    weights: tuple  # L arrays, each [I, O] or [O, I] (the layout `dense` is told)
+    layer: jax.Array  # int32 scalar, traced
+
+    def __getitem__(self, layer: int) -> jax.Array:
+        return self.weights[layer]
+
+
+def dense(x: jax.Array, w, out_in: bool = False) -> jax.Array:
+    """x [..., I] times the weight matrix w: [I, O] (canonical) or [O, I] (out_in) -> [..., O].
+
+    w may be a `PerLayer`: the product of the scan step's layer."""
+    if isinstance(w, PerLayer):
+        branches = [lambda x, wk=wk: dense(x, wk, out_in) for wk in w.weights]
+        return jax.lax.switch(w.layer, branches, x)
     if not out_in:
         return x @ w
     return jnp.moveaxis(jnp.einsum("oi,...i->o...", w, x), 0, -1)

@@ -24,7 +24,7 @@ from specjax.attention import (
 )
 from specjax.cache import KVCache
 from specjax.config import ModelConfig
-from specjax.models.layers import finish_layer, project_qkv, rms_norm, rope_angles
+from specjax.models.layers import PerLayer, finish_layer, project_qkv, rms_norm, rope_angles
 from specjax.sharding import LOGICAL_AXES, place_weight
 
 
@@ -76,12 +76,30 @@ def default_out_in() -> bool:
     return jax.default_backend() == "cpu"
 
 
+def _traced(w) -> bool:
+    return isinstance(w, jax.core.Tracer) or not isinstance(w, (jax.Array, np.ndarray))
+
+
 def _canonical(w):
     """A matrix stored [L, out, in] as [L, in, out]: a host view without a copy where the array
     lives on the CPU, a transpose inside traced code (e.g. under nnx.eval_shape)."""
-    if isinstance(w, jax.core.Tracer) or not isinstance(w, (jax.Array, np.ndarray)):
+    if _traced(w):
         return jnp.swapaxes(w, -1, -2)
     return np.swapaxes(np.asarray(w), -1, -2)
+
+
+def _stacked(per_layer: tuple):
+    """L arrays as one [L, ...] array (on the host where they are concrete)."""
+    if any(_traced(w) for w in per_layer):
+        return jnp.stack(per_layer)
+    return np.stack([np.asarray(w) for w in per_layer])
+
+
+def _transposed(w):
+    """One [in, out] matrix as [out, in] (or back), a buffer of its own."""
+    if _traced(w):
+        return jnp.swapaxes(w, 0, 1)
+    return jnp.asarray(np.ascontiguousarray(np.swapaxes(np.asarray(w), 0, 1)))
 
 
 @flax.struct.dataclass
@@ -93,10 +111,11 @@ class ForwardOutput:
 
 class Layers(nnx.Module):
     """The decoder stack: every weight has a leading L axis. out_in: the matrices are stored
-    [L, out, in] (specjax.models.layers.dense); `arrays()` still gives the canonical layout."""
+    [out, in] (specjax.models.layers.dense), one buffer per layer (an nnx.List of L Params, read
+    through specjax.models.layers.PerLayer); `arrays()` still gives the canonical layout."""
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, out_in: bool = False):
-        self.out_in = out_in
+        self.out_in = False
         dtype = jnp.dtype(cfg.dtype)
         for name, shape in weight_shapes(cfg).items():
             if name not in LAYER_WEIGHTS:
@@ -108,13 +127,19 @@ class Layers(nnx.Module):
             else:
                 fan_in = shape[1]
                 value = jax.random.normal(rngs.params(), shape, dtype) / jnp.sqrt(fan_in)
-            if out_in and name in MATRICES:
-                value = jnp.swapaxes(value, 1, 2)
             setattr(self, name, nnx.Param(value))
+        self.set_layout(out_in)
 
-    def compute_arrays(self) -> dict[str, jax.Array]:
-        """The weights as stored (what the forward pass reads, with `out_in`)."""
-        return {n: getattr(self, n)[...] for n in LAYER_WEIGHTS if hasattr(self, n)}
+    def compute_arrays(self) -> dict:
+        """The weights as stored (what the forward pass reads): [L, ...] arrays, except that in
+        the out_in layout each matrix is a tuple of L [out, in] arrays."""
+        out = {}
+        for name in LAYER_WEIGHTS:
+            if hasattr(self, name):
+                stored = getattr(self, name)
+                per_layer = isinstance(stored, nnx.List)
+                out[name] = tuple(p[...] for p in stored) if per_layer else stored[...]
+        return out
 
     def arrays(self) -> dict:
         """The weights in the canonical layout (weight_shapes): what checkpoints, exports and
@@ -122,16 +147,22 @@ class Layers(nnx.Module):
         stored = self.compute_arrays()
         if not self.out_in:
             return stored
-        return {n: _canonical(w) if n in MATRICES else w for n, w in stored.items()}
+        return {n: _canonical(_stacked(w)) if n in MATRICES else w for n, w in stored.items()}
 
     def set_layout(self, out_in: bool) -> None:
         """Store the matrices in the given layout (in place)."""
         if out_in == self.out_in:
             return
         for name in MATRICES:
-            if hasattr(self, name):
-                param = getattr(self, name)
-                param.set_value(jnp.swapaxes(param[...], 1, 2))
+            if not hasattr(self, name):
+                continue
+            stored = getattr(self, name)
+            if out_in:
+                stack = stored[...]
+                per_layer = [nnx.Param(_transposed(stack[i])) for i in range(stack.shape[0])]
+                setattr(self, name, nnx.List(per_layer))
+            else:
+                setattr(self, name, nnx.Param(_stacked(tuple(_transposed(p[...]) for p in stored))))
         self.out_in = out_in
 
 
@@ -214,7 +245,11 @@ class Llama(nnx.Module):
             # stack as xs does). A layer range scanned over a static slice of the stack
             # (w[lo:hi]) copied the slice on every call: layers [8, 30) of SmolLM2 cost 3-3.6x
             # the whole forward (experiments/results/layer_range_before.md).
-            p = {n: jax.lax.dynamic_index_in_dim(w, layer, 0, keepdims=False)
+            # In the out_in layout the matrices are one buffer per layer (PerLayer), which
+            # `dense` picks by lax.switch: indexing a stack made XLA:CPU copy every layer's
+            # weights on every forward.
+            p = {n: PerLayer(w, layer) if isinstance(w, tuple)
+                 else jax.lax.dynamic_index_in_dim(w, layer, 0, keepdims=False)
                  for n, w in weights.items()}  # fmt: skip
             q, k, v = project_qkv(
                 p, rms_norm(x, p["attn_norm"], cfg.norm_eps), cos, sin, cfg, out_in
@@ -297,10 +332,13 @@ def model_from_weights(
     for name in expected:
         target = model.layers if name in LAYER_WEIGHTS else model
         if mesh is None:
-            value = weights[name]
-            if model.layers.out_in and name in MATRICES:
-                value = np.swapaxes(np.asarray(value), 1, 2)
-            getattr(target, name).set_value(jnp.asarray(value, dtype))
+            stored = getattr(target, name)
+            if isinstance(stored, nnx.List):  # out_in: one [out, in] buffer per layer
+                value = np.asarray(weights[name])
+                for i, param in enumerate(stored):
+                    param.set_value(jnp.asarray(np.swapaxes(value[i], 0, 1), dtype))
+                continue
+            stored.set_value(jnp.asarray(weights[name], dtype))
             continue
         param = getattr(target, name)
         param.set_value(place_weight(name, weights[name], cfg, mesh, dtype, rules))
