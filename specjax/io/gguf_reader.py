@@ -8,6 +8,7 @@ qwen2 files are stored unpermuted (NEOX RoPE), so they keep the half-split layou
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -54,6 +55,7 @@ def dequantized(tensor) -> np.ndarray:
     return np.asarray(arr, np.float32).reshape(shape)
 
 
+@functools.cache
 def _plain_map_reader_class():
     import gguf
 

@@ -51,9 +51,6 @@ class PerLayer:
     weights: tuple  # L arrays, each [I, O] or [O, I] (the layout `dense` is told)
     layer: jax.Array  # int32 scalar, traced
 
-    def __getitem__(self, layer: int) -> jax.Array:
-        return self.weights[layer]
-
 
 def dense(x: jax.Array, w, out_in: bool = False) -> jax.Array:
     """x [..., I] times the weight matrix w: [I, O] (canonical) or [O, I] (out_in) -> [..., O].

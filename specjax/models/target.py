@@ -336,7 +336,7 @@ def model_from_weights(
             if isinstance(stored, nnx.List):  # out_in: one [out, in] buffer per layer
                 value = np.asarray(weights[name])
                 for i, param in enumerate(stored):
-                    param.set_value(jnp.asarray(np.swapaxes(value[i], 0, 1), dtype))
+                    param.set_value(_transposed(value[i]).astype(dtype))
                 continue
             stored.set_value(jnp.asarray(weights[name], dtype))
             continue

@@ -81,13 +81,8 @@ def fingerprint_tensors(model) -> dict:
     tensors = {"embed": model.embed[...], "final_norm": model.final_norm[...]}
     if not model.config.tie_embeddings:
         tensors["lm_head"] = model.lm_head[...]
-    stored = model.layers.compute_arrays()
-    if any(isinstance(w, tuple) for w in stored.values()):
-        tensors.update(
-            {n: PerLayerMatrix(w) if isinstance(w, tuple) else w for n, w in stored.items()}
-        )
-    else:
-        tensors.update(model.layers.arrays())
+    for name, stored in model.layers.compute_arrays().items():
+        tensors[name] = PerLayerMatrix(stored) if isinstance(stored, tuple) else stored
     return tensors
 
 
