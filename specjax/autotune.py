@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import itertools
 import json
 import os
 import sys
@@ -49,11 +50,12 @@ from specjax.tree import causal_mask
 
 DEFAULT_NODES = (1, 2, 4, 8, 16, 32, 64)
 DEFAULT_CONTEXT = 256  # committed positions before the measured block
-FORMAT_VERSION = 10  # 3: no pre-verifier in costs; 4: overhead may be unknown; 5: AR step loop;
+FORMAT_VERSION = 11  # 3: no pre-verifier in costs; 4: overhead may be unknown; 5: AR step loop;
 # 6: candidate steps as paired ratios to plain decoding; 7: t(N) timed in interleaved rounds;
 # 8: candidate steps timed in CANDIDATE_ROUNDS rounds; 9: candidates at timed node counts only,
 # one ledger of timed steps per drafter, batch and context; 10: out_in matrices one buffer per
-# layer (every forward on the CPU got cheaper, unevenly over N)
+# layer (every forward on the CPU got cheaper, unevenly over N); 11: the interior of a stair
+# of t(N) may be left untimed (skip_stairs)
 VERIFY_CALL_S = 0.2  # seconds a timed call of the target over N nodes lasts (several iterations)
 AR_TOKENS = 33  # decoding room of the plain-decoding state timed (generate's for 33 tokens)
 STATIC_DRAFT_NODES = (2, 4, 8, 16, 32, 64)
@@ -69,9 +71,12 @@ CANDIDATE_ROUNDS = 5
 class VerifyCosts:
     """t(N): seconds of one target forward over N tree nodes, measured at `nodes`.
 
-    key: what the measurement is valid for (see cost_key); nodes ascending; seconds per entry.
-    requested: the node counts asked for (nodes is a prefix of them when the grid stopped early:
-    see measure_verify_costs); stop_ratio: the stop rule it was measured with (0: none).
+    key: what the measurement is valid for (see cost_key); nodes ascending (the counts
+    measured); seconds per entry. requested: the node counts asked for (nodes is a subset of
+    them when the grid stopped early or skipped a stair: see measure_verify_costs); stop_ratio:
+    the stop rule it was measured with (0: none); skip_stairs: whether stairs could be skipped;
+    stairs: (lo, hi) pairs of measured counts whose interior was judged a stair and left
+    partly untimed.
     """
 
     key: str
@@ -80,12 +85,19 @@ class VerifyCosts:
     ar_token: float = 0.0  # seconds per token of specjax.generate at this context (0: unknown)
     requested: tuple[int, ...] = ()
     stop_ratio: float = 0.0
+    skip_stairs: bool = False
+    stairs: tuple[tuple[int, int], ...] = ()
 
     def t_verify(self, n: int) -> float:
         """Seconds for n nodes: measured points, linear in between, linear extrapolation from the
-        last two points beyond them (never falling: noise can put t(2) under t(1))."""
+        last two points beyond them (never falling: noise can put t(2) under t(1)). A count left
+        untimed inside a stair costs what the dearest count timed in it does (its middle or its
+        top): the stair was judged so because the middle cost at least the top."""
         if n < 1:
             raise ValueError(f"a tree has at least one node, got {n}")
+        for lo, hi in self.stairs:
+            if lo < n < hi and n not in self.nodes:
+                return max(s for m, s in zip(self.nodes, self.seconds, strict=True) if lo < m <= hi)
         xs, ys = np.asarray(self.nodes, float), np.asarray(self.seconds, float)
         if n <= xs[-1] or len(xs) == 1:
             return float(np.interp(n, xs, ys))
@@ -115,6 +127,8 @@ class VerifyCosts:
             ar_token=float(data.get("ar_token", 0.0)),
             requested=tuple(data.get("requested") or data["nodes"]),
             stop_ratio=float(data.get("stop_ratio", 0.0)),
+            skip_stairs=bool(data.get("skip_stairs", False)),
+            stairs=tuple(tuple(pair) for pair in data.get("stairs", ())),
         )
 
 
@@ -157,6 +171,7 @@ def measure_verify_costs(
     reps: int = 5,
     with_ar: bool = True,
     stop_ratio: float = 0.0,
+    skip_stairs: bool = False,
     progress: Callable[[str], None] | None = None,
 ) -> VerifyCosts:
     """Time the target over blocks of N nodes (for N in `nodes`) at `context` committed
@@ -166,6 +181,13 @@ def measure_verify_costs(
     t(1) (the larger counts are not measured; t_verify extrapolates past the last point):
     SpecConfig.auto() passes twice the best tau any candidate tree can reach, so no tree that
     large could beat plain decoding (at 32 rows, t(64) alone took ~17 s on a 2-core CPU).
+
+    skip_stairs: the powers of two (and the largest count) are timed first; then each gap
+    between two of them is probed at its middle count, and where the middle costs at least the
+    gap's top the gap is a stair (on a CPU, t(9..15) of SmolLM2 cost more than t(16): NOTES.md,
+    "Nineteenth session") and its other counts are not timed: a tree there has fewer nodes than
+    one at the top and costs no less to verify, so it is never the better candidate. Each
+    count is a compiled program (~3 s on a 2-core CPU), and this is most of a first call's wait.
 
     The grid is timed in rounds, one call of every N per round (the first round also decides
     where the grid stops), and each t(N) is the median over the rounds: a slow spell of the
@@ -194,37 +216,64 @@ def measure_verify_costs(
         new_token = jnp.argmax(out.logits[:, -1], axis=-1).astype(jnp.int32)
         return out.cache.replace(lengths=cache.lengths), new_token
 
-    loops, samples = [], []  # the first round: compile, size and time each N once
-    for i, n in enumerate(nodes):
+    loops, samples = {}, {}  # the first round: compile, size and time each N once
+
+    def time_first(n: int) -> float:
         if progress is not None:
-            progress(f"measuring target cost: {n} node(s) ({i + 1}/{len(nodes)})")
+            progress(f"measuring target cost: {n} node(s) ({len(loops) + 1}/{len(nodes)})")
         body = functools.partial(forward, n=n)
         init = (cache, jnp.ones((batch,), jnp.int32))
-        loops.append(sized_loop(body, params, init, VERIFY_CALL_S))
-        samples.append([loops[-1].per_iteration()])
-        first = [x[0] for x in samples]
-        if stop_ratio > 0 and i > 0 and first[-1] >= stop_ratio * first[0]:
-            if progress is not None and i + 1 < len(nodes):
+        loops[n] = sized_loop(body, params, init, VERIFY_CALL_S)
+        samples[n] = [loops[n].per_iteration()]
+        return samples[n][0]
+
+    anchors = nodes
+    if skip_stairs:
+        anchors = [n for n in nodes if n & (n - 1) == 0 or n in (nodes[0], nodes[-1])]
+    for i, n in enumerate(anchors):
+        seconds = time_first(n)
+        if stop_ratio > 0 and i > 0 and seconds >= stop_ratio * samples[anchors[0]][0]:
+            if progress is not None and n < nodes[-1]:
                 progress(
-                    f"target cost at {n} nodes is {first[-1] / first[0]:.1f}x one node's: "
-                    "no larger tree can pay, the grid stops here"
+                    f"target cost at {n} nodes is {seconds / samples[anchors[0]][0]:.1f}x one "
+                    "node's: no larger tree can pay, the grid stops here"
                 )
             break
+    stairs = []
+    timed_anchors = sorted(loops)
+    for lo, hi in itertools.pairwise(timed_anchors):
+        inner = [n for n in nodes if lo < n < hi]
+        if not inner:
+            continue
+        middle = inner[len(inner) // 2]
+        if time_first(middle) >= samples[hi][0] and len(inner) > 1:
+            stairs.append((lo, hi))
+            if progress is not None:
+                progress(
+                    f"target cost at {middle} nodes is at least {hi} nodes': a stair, "
+                    f"{lo + 1}-{hi - 1} nodes are not timed"
+                )
+            continue
+        for n in inner:
+            if n != middle:
+                time_first(n)
+    timed_nodes = sorted(loops)
     # the other rounds; an N whose calls are long gets fewer (~3 s of its calls at most)
-    wanted = [max(1, min(reps, int(3.0 / (t.single * t.n)))) for t in loops]
+    wanted = {n: max(1, min(reps, int(3.0 / (t.single * t.n)))) for n, t in loops.items()}
     for r in range(1, reps):
-        for timed, got, want in zip(loops, samples, wanted, strict=True):
-            if r < want:
-                got.append(timed.per_iteration())
-    seconds = [float(np.median(x)) for x in samples]
+        for n in timed_nodes:
+            if r < wanted[n]:
+                samples[n].append(loops[n].per_iteration())
+    seconds = [float(np.median(samples[n])) for n in timed_nodes]
     key = cost_key(target, batch=batch, context=context)
     ar = 0.0
     if with_ar:
         if progress is not None:
             progress("measuring autoregressive decoding")
         ar = measure_ar_token(target, batch=batch, context=context, reps=reps)
-    return VerifyCosts(key=key, nodes=nodes[: len(seconds)], seconds=tuple(seconds), ar_token=ar,
-                       requested=nodes, stop_ratio=float(stop_ratio))  # fmt: skip
+    return VerifyCosts(key=key, nodes=tuple(timed_nodes), seconds=tuple(seconds), ar_token=ar,
+                       requested=nodes, stop_ratio=float(stop_ratio), skip_stairs=skip_stairs,
+                       stairs=tuple(stairs))  # fmt: skip
 
 
 def plain_decoding_step(target, *, batch: int, context: int):
@@ -346,6 +395,7 @@ def verify_costs(
     reps: int = 5,
     with_ar: bool = True,
     stop_ratio: float = 0.0,
+    skip_stairs: bool = False,
     folder: str | Path | None = None,
     refresh: bool = False,
     progress: Callable[[str], None] | None = _print_progress,
@@ -354,7 +404,8 @@ def verify_costs(
     with the same key, nodes and stop rule, else measured (with a progress line) and written
     there. with_ar: the cost per token of plain decoding is wanted too (SpecConfig.auto() skips
     it when it times candidate steps, which measure plain decoding alongside); stop_ratio: see
-    measure_verify_costs."""
+    measure_verify_costs; skip_stairs: the interior of a stair of t(N) may be left untimed (see
+    measure_verify_costs)."""
     folder = Path(folder) if folder is not None else cache_dir()
     key = cost_key(target, batch=batch, context=context)
     path = _cache_file(key, folder)
@@ -367,13 +418,14 @@ def verify_costs(
         if (
             costs is not None
             and costs.key == key
-            and (costs.requested, costs.stop_ratio) == (wanted, float(stop_ratio))
+            and (costs.requested, costs.stop_ratio, costs.skip_stairs)
+            == (wanted, float(stop_ratio), skip_stairs)
             and (costs.ar_token > 0 or not with_ar)
         ):
             return costs
     costs = measure_verify_costs(target, batch=batch, context=context, nodes=wanted, reps=reps,
                                  with_ar=with_ar, stop_ratio=stop_ratio,
-                                 progress=progress)  # fmt: skip
+                                 skip_stairs=skip_stairs, progress=progress)  # fmt: skip
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(costs.to_json(), indent=2) + "\n")
     return costs

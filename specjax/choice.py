@@ -54,6 +54,8 @@ CALIBRATION_TOKENS = 48
 # CPU t(N) is a staircase, not a line (SmolLM2 at batch 1: t(8) 1.27x t(1) where t(5..7) are
 # 1.5x and t(9..15) 1.7-1.9x; t(16) 1.5x, t(17) 2.5x; NOTES.md, "Nineteenth session"), and the
 # candidates are the trees of timed node counts only. Past it the partial tile's share is small.
+# A gap between powers of two whose middle costs at least its top is a stair and the rest of it
+# is not timed (autotune.measure_verify_costs, skip_stairs): its trees are never the better ones.
 FINE_ROWS = 16
 # The smallest context costs are measured at (SpecConfig.auto() with context None): contexts are
 # rounded to powers of two from here, so a machine measures a handful of cost sets at most.
@@ -429,7 +431,7 @@ def resolve_auto(
     verify = verify_costs(target, batch=batch, context=context, nodes=grid,
                           with_ar=auto.timed_candidates == 0,
                           reps=3 if auto.timed_candidates else 5,
-                          stop_ratio=2.0 * best_tau(calibrated, max_nodes),
+                          stop_ratio=2.0 * best_tau(calibrated, max_nodes), skip_stairs=True,
                           progress=progress)  # fmt: skip
     if drafter.dynamic_trees:
         extra = {"topks": tuple(sorted({p.topk for p in profiles}))}

@@ -27,11 +27,12 @@ def keep_costs(cache, target, drafter, auto) -> None:
     (every forward 1 s, 0.01 s a draft depth) for batch 2 into the cache folder."""
     context = cost_context(target, auto)
     write_profiles(pair_profile_file(target, drafter, "greedy"), [static_profile()])
-    # The grid the call asks for, with the stop rule it passes (twice the best tau).
+    # The grid the call asks for, with the stop rule it passes (twice the best tau) and stairs.
     grid = tuple(verify_grid(2, 4))
     verify = VerifyCosts(key=autotune.cost_key(target, batch=2, context=context),
                          nodes=grid, seconds=(1.0,) * len(grid), ar_token=1.0, requested=grid,
-                         stop_ratio=2 * best_tau([static_profile()], 4))  # fmt: skip
+                         stop_ratio=2 * best_tau([static_profile()], 4),
+                         skip_stairs=True)  # fmt: skip
     draft = DraftCosts(
         key=autotune.drafter_key(target, drafter, batch=2, context=context),
         kind="static", nodes=(2, 4), per_depth=(0.01, 0.01), overhead=0.0,

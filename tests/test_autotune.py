@@ -119,6 +119,55 @@ def test_grid_is_timed_in_interleaved_rounds(tiny_target, monkeypatch):
     np.testing.assert_allclose(costs.seconds, (1e-3, 2e-3, 4e-3))
 
 
+def _fake_grid(monkeypatch, seconds_of):
+    """sized_loop replaced by loops whose per-iteration time is seconds_of(N); returns the list
+    of N in the order they are timed."""
+    calls = []
+
+    class FakeLoop:
+        def __init__(self, n_nodes):
+            self.n_nodes, self.single, self.n = n_nodes, 1e-3, 1
+
+        def per_iteration(self):
+            calls.append(self.n_nodes)
+            return seconds_of(self.n_nodes)
+
+    monkeypatch.setattr(autotune, "sized_loop", lambda body, *a: FakeLoop(body.keywords["n"]))
+    return calls
+
+
+def test_the_interior_of_a_stair_is_not_timed(tiny_target, monkeypatch):
+    """With skip_stairs the powers of two are timed first, then each gap's middle: where it costs
+    at least the gap's top (SmolLM2's staircase on a 2-core CPU: 5-7 and 9-15 nodes cost more
+    than 8 and 16) the gap's other counts are not timed, and they are priced at the dearest
+    count timed in the gap. A gap whose middle is cheaper than its top is timed whole."""
+    stair = {1: 1.0, 2: 1.1, 3: 1.15, 4: 1.2, 5: 1.5, 6: 1.5, 7: 1.5, 8: 1.3, 16: 1.5}
+    calls = _fake_grid(monkeypatch, lambda n: 1e-3 * stair.get(n, 1.9))
+    lines = []
+    kw = dict(context=16, nodes=tuple(range(1, 17)), reps=1, with_ar=False)
+    costs = autotune.measure_verify_costs(tiny_target, skip_stairs=True, progress=lines.append,
+                                          **kw)  # fmt: skip
+    assert calls == [1, 2, 4, 8, 16, 3, 6, 12]
+    assert costs.nodes == (1, 2, 3, 4, 6, 8, 12, 16) and costs.stairs == ((4, 8), (8, 16))
+    assert costs.requested == tuple(range(1, 17)) and costs.skip_stairs
+    assert costs.t_verify(5) == pytest.approx(1.5e-3) and costs.t_verify(7) == pytest.approx(1.5e-3)
+    assert costs.t_verify(10) == pytest.approx(1.9e-3)  # the middle's cost, above the top's
+    assert costs.t_verify(3) == pytest.approx(1.15e-3)
+    assert any("a stair, 9-15 nodes are not timed" in x for x in lines)
+    again = autotune.VerifyCosts.from_json(json.loads(json.dumps(costs.to_json())))
+    assert again == costs
+
+    calls = _fake_grid(monkeypatch, lambda n: 1e-3 * n)  # cost grows through every gap
+    linear = autotune.measure_verify_costs(
+        tiny_target, skip_stairs=True, progress=None, **dict(kw, nodes=(1, 2, 3, 4, 5, 6, 7, 8))
+    )
+    assert sorted(calls) == list(range(1, 9)) and linear.stairs == ()
+    calls = _fake_grid(monkeypatch, lambda n: 1e-3 * stair.get(n, 1.9))
+    # without skip_stairs: every count, in ascending order
+    whole = autotune.measure_verify_costs(tiny_target, progress=None, **kw)
+    assert calls == list(range(1, 17)) and whole.nodes == kw["nodes"] and not whole.skip_stairs
+
+
 def test_key_follows_the_weights(tiny_target):
     other = specjax.Llama(TINY, rngs=nnx.Rngs(1))
     assert autotune.cost_key(tiny_target, batch=1, context=16) != autotune.cost_key(
