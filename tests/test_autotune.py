@@ -94,31 +94,6 @@ def test_grid_stops_where_no_larger_tree_can_pay(tiny_target, tmp_path):
     assert whole.nodes == (1, 2, 4, 8) and len(lines) == 4
 
 
-def test_grid_is_timed_in_interleaved_rounds(tiny_target, monkeypatch):
-    """Every N is timed once per round, round after round, and t(N) is the median of its
-    rounds: a slow spell (here the whole second round) does not move any t(N)."""
-    calls = []
-
-    class FakeLoop:
-        def __init__(self, n_nodes):
-            self.n_nodes, self.single, self.n = n_nodes, 1e-3, 1
-
-        def per_iteration(self):
-            calls.append(self.n_nodes)
-            slow = len(calls) in range(4, 7)  # the three calls of the second round
-            return self.n_nodes * 1e-3 * (100 if slow else 1)
-
-    def fake_sized_loop(body, params, init, call_s):
-        return FakeLoop(body.keywords["n"])
-
-    monkeypatch.setattr(autotune, "sized_loop", fake_sized_loop)
-    costs = autotune.measure_verify_costs(
-        tiny_target, context=16, nodes=(1, 2, 4), reps=3, with_ar=False
-    )
-    assert calls == [1, 2, 4] * 3
-    np.testing.assert_allclose(costs.seconds, (1e-3, 2e-3, 4e-3))
-
-
 def _fake_grid(monkeypatch, seconds_of):
     """sized_loop replaced by loops whose per-iteration time is seconds_of(N); returns the list
     of N in the order they are timed."""
@@ -134,6 +109,22 @@ def _fake_grid(monkeypatch, seconds_of):
 
     monkeypatch.setattr(autotune, "sized_loop", lambda body, *a: FakeLoop(body.keywords["n"]))
     return calls
+
+
+def test_grid_is_timed_in_interleaved_rounds(tiny_target, monkeypatch):
+    """Every N is timed once per round, round after round, and t(N) is the median of its
+    rounds: a slow spell (here the whole second round) does not move any t(N)."""
+
+    def seconds_of(n):
+        slow = len(calls) in range(4, 7)  # the three calls of the second round
+        return n * 1e-3 * (100 if slow else 1)
+
+    calls = _fake_grid(monkeypatch, seconds_of)
+    costs = autotune.measure_verify_costs(
+        tiny_target, context=16, nodes=(1, 2, 4), reps=3, with_ar=False
+    )
+    assert calls == [1, 2, 4] * 3
+    np.testing.assert_allclose(costs.seconds, (1e-3, 2e-3, 4e-3))
 
 
 def test_the_interior_of_a_stair_is_not_timed(tiny_target, monkeypatch):
