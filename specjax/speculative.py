@@ -391,12 +391,14 @@ def _merged_loop(
     )
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "target_def", "drafter_def", "verifier_def", "max_new_tokens", "config", "sampling", "mesh"
-    ),
+# The static arguments of the jitted loop (also read by tests that compile it with other
+# compiler options).
+SPECULATIVE_STATIC_ARGS = (
+    "target_def", "drafter_def", "verifier_def", "max_new_tokens", "config", "sampling", "mesh"
 )  # fmt: skip
+
+
+@functools.partial(jax.jit, static_argnames=SPECULATIVE_STATIC_ARGS)
 def _speculative(
     target_def,
     target_params,

@@ -163,7 +163,7 @@ def lossless_target():
         pytest.param("eagle-fused", marks=pytest.mark.slow),
     ],
 )
-def test_sampling_matches_target_distribution(lossless_target, kind):
+def test_sampling_matches_target_distribution(lossless_target, kind, optimized_loop):
     """The whole path with a feature drafter (dynamic top-k tree, one-hot rule, drafter cache
     commits, and for mdc the reuse of the hidden-state chain after rejections) samples the
     target's exact joint distribution of the first three tokens (see test_lossless_e2e)."""

@@ -136,7 +136,7 @@ CASES = {
 @pytest.mark.parametrize(
     "rule", ["chain"] + [pytest.param(r, marks=pytest.mark.slow) for r in CASES if r != "chain"]
 )
-def test_speculative_sampling_matches_target_distribution(target, drafter, rule):
+def test_speculative_sampling_matches_target_distribution(target, drafter, rule, optimized_loop):
     tree, sampling = CASES[rule]
     tokens, stats = run_rows(target, drafter, SpecConfig(tree=tree, rule=rule), sampling)
     problem = distribution_mismatch(empirical_joint(tokens), exact_joint(target, sampling), N_ROWS)
@@ -146,7 +146,7 @@ def test_speculative_sampling_matches_target_distribution(target, drafter, rule)
     assert hist[1:].sum() > 0.05 * hist.sum() and hist[:-1].sum() > 0.05 * hist.sum(), hist
 
 
-def test_fallback_to_plain_steps_keeps_the_target_distribution(target, drafter):
+def test_fallback_to_plain_steps_keeps_the_target_distribution(target, drafter, optimized_loop):
     """SpecConfig.fallback_tau: one speculative step (a one-hot tree), then plain decoding steps
     in the same loop for the rest: the joint distribution is still the target's."""
     config = SpecConfig(tree=TreeConfig(branching=(2, 1)), fallback_tau=10.0, fallback_after=1)
