@@ -182,12 +182,13 @@ def measure_verify_costs(
     SpecConfig.auto() passes twice the best tau any candidate tree can reach, so no tree that
     large could beat plain decoding (at 32 rows, t(64) alone took ~17 s on a 2-core CPU).
 
-    skip_stairs: the powers of two (and the largest count) are timed first; then each gap
-    between two of them is probed at its middle count, and where the middle costs at least the
-    gap's top the gap is a stair (on a CPU, t(9..15) of SmolLM2 cost more than t(16): NOTES.md,
-    "Nineteenth session") and its other counts are not timed: a tree there has fewer nodes than
-    one at the top and costs no less to verify, so it is never the better candidate. Each
-    count is a compiled program (~3 s on a 2-core CPU), and this is most of a first call's wait.
+    skip_stairs: the powers of two (and the grid's first and last counts) are timed first; then
+    each gap between two of them is probed at its middle count, and where the middle costs at
+    least the gap's top the gap is a stair (on a CPU, t(9..15) of SmolLM2 cost more than
+    t(16): NOTES.md, "Nineteenth session") and its other counts are not timed: a tree there has
+    fewer nodes than one at the top and costs no less to verify, so it is never the better
+    candidate. Each count is a compiled program (~3 s on a 2-core CPU), and this is most of a
+    first call's wait.
 
     The grid is timed in rounds, one call of every N per round (the first round also decides
     where the grid stops), and each t(N) is the median over the rounds: a slow spell of the

@@ -3,7 +3,6 @@
 import os
 from pathlib import Path
 
-import jax
 import pytest
 
 from specjax.paths import shared_dir as _shared_dir
@@ -40,6 +39,8 @@ def optimized_loop(monkeypatch):
     run compiles at 0, above): the sampling tests execute one loop over 120,000 rows, which
     runs ~2x faster so (test_feature_drafter's mdc distribution test alone: 127 s at level 0,
     61 s at level 3 on a 2-core AMD EPYC)."""
+    import jax
+
     from specjax import speculative
 
     optimized = jax.jit(
