@@ -24,7 +24,6 @@ os.environ["XLA_FLAGS"] = (
 ).strip()
 
 import argparse  # noqa: E402
-import platform  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -34,6 +33,7 @@ import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
 import specjax  # noqa: E402
+from specjax.benchmark import cpu_model  # noqa: E402
 from specjax.config import ModelConfig, SpecConfig, TreeConfig  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -45,13 +45,6 @@ DRAFT = ModelConfig(
     vocab_size=2048, d_model=128, n_layers=1, n_heads=2, n_kv_heads=2, head_dim=64,
     ffn_dim=256, max_seq_len=512,
 )  # fmt: skip
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown CPU"
 
 
 def build(cfg: ModelConfig, seed: int) -> specjax.Llama:

@@ -60,15 +60,22 @@ def mean_ci(values, z: float = 1.96) -> tuple[float, float]:
     return float(arr.mean()), float(z * arr.std(ddof=1) / np.sqrt(arr.size))
 
 
-def cpu_model() -> str:
-    """The host CPU's model name (/proc/cpuinfo on Linux, else what platform reports)."""
+def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """The host CPU's model name and its widest vector instructions, e.g. "AMD EPYC (AVX-512)"
+    (from cpuinfo on Linux, else what platform reports). Why the instructions: machines that
+    report the same name differ in them, and with them in the cost of a few-row product."""
+    name, flags = None, set()
     try:
-        for line in open("/proc/cpuinfo", encoding="utf-8"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+        for line in open(cpuinfo, encoding="utf-8"):
+            if line.startswith("model name") and name is None:
+                name = line.split(":", 1)[1].strip()
+            elif line.startswith("flags") and not flags:
+                flags = set(line.split(":", 1)[1].split())
     except OSError:
         pass
-    return platform.processor() or "unknown"
+    name = name or platform.processor() or "unknown"
+    isa = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else None
+    return f"{name} ({isa})" if isa else name
 
 
 def device_header(**settings) -> str:

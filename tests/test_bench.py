@@ -72,6 +72,20 @@ def test_select_questions_round_robin_over_categories():
     assert len(bench.select_questions(qs, 10)) == 5
 
 
+@pytest.mark.parametrize(
+    "flags, expected",
+    [("fpu avx avx2 avx512f avx512bw", "AMD EPYC (AVX-512)"), ("fpu avx avx2", "AMD EPYC (AVX2)"),
+     ("fpu sse2", "AMD EPYC")],
+)  # fmt: skip
+def test_cpu_model_names_the_widest_vector_instructions(tmp_path, flags, expected):
+    from specjax.benchmark import cpu_model
+
+    info = tmp_path / "cpuinfo"
+    core = f"model name\t: AMD EPYC\nflags\t\t: {flags}\n\n"
+    info.write_text(core + core)  # one block per core: read once
+    assert cpu_model(str(info)) == expected
+
+
 def test_parse_method():
     m = bench.parse_method("self:8@6,2,3")
     assert (m.kind, m.drafter, m.tree, m.rule) == (
