@@ -1,12 +1,15 @@
 """The weight layout on this backend, side by side in one process: canonical [in, out] matrices
-(x @ W) against out_in [out, in] (the weight leads the product: specjax.models.layers.dense), for
-the target's cost over N tree nodes t(N), plain decoding, and speculative decoding with a fixed
-tree, on the same prompts. The drafter (its layer, its own matrices and its readout head) takes
-the same layout as the target in each row, as binding it to a target does.
+(x @ W) against out_in [out, in] (the weight leads the product: specjax.models.layers.dense),
+and out_in with its products of 2-32 rows written as dots instead of sums
+(specjax.models.layers.weight_leading_product), for the target's cost over N tree nodes t(N),
+plain decoding, and speculative decoding with a fixed tree, on the same prompts. The drafter (its
+layer, its own matrices and its readout head) takes the same layout as the target in each row,
+as binding it to a target does.
 
 Why: on XLA:CPU a product of a few rows by a weight on the right runs a matrix-matrix routine
-whose cost grows quickly with the rows; with the weight leading it stays nearly flat to N = 8.
-The cost of verifying N nodes, relative to one, is what decides whether speculation pays.
+whose cost grows quickly with the rows; with the weight leading it grows less, and written as a
+multiply-and-sum less again. The cost of verifying N nodes, relative to one, is what decides
+whether speculation pays.
 
     python experiments/weight_layout.py                 # SmolLM2 + eagle, 8 MT-bench turns
     python experiments/weight_layout.py --n-prompts 2 --max-new-tokens 16 --reps 1 --out /tmp/w.md
@@ -25,15 +28,18 @@ import jax
 import numpy as np
 
 RESULTS = Path(__file__).resolve().parent / "results"
-LAYOUTS = {"canonical": False, "out_in": True}
+# name -> (out_in, few-row products as sums)
+LAYOUTS = {"canonical": (False, False), "out_in, dots": (True, False), "out_in": (True, True)}
 
 
 def main(argv=None) -> int:
     import specjax
     from specjax import autotune
     from specjax.benchmark import device_header
+    from specjax.compile_cache import enable_compilation_cache
     from specjax.config import SpecConfig, TreeConfig
     from specjax.datasets import encode_question, read_spec_bench, select_questions
+    from specjax.models.layers import set_few_row_sums
     from specjax.paths import SMOLLM2, SMOLLM2_EAGLE, repo_dir, shared_path
 
     parser = argparse.ArgumentParser(prog="python experiments/weight_layout.py")
@@ -51,6 +57,7 @@ def main(argv=None) -> int:
     if min(args.n_prompts, args.max_new_tokens, args.reps) < 1:
         parser.error("--n-prompts, --max-new-tokens and --reps must be positive")
 
+    enable_compilation_cache()  # each switch of layout recompiles; read back from the 2nd round
     loaded = specjax.load(shared_path(SMOLLM2))
     target = loaded.model
     drafter = specjax.load_drafter(repo_dir() / args.drafter, target, pre_verifier=False)
@@ -59,9 +66,14 @@ def main(argv=None) -> int:
     kw = dict(max_new_tokens=args.max_new_tokens, eos_id=loaded.tokenizer.eos_id)
     config = SpecConfig(tree=tree)
 
-    def set_layout(out_in):
+    def set_layout(name):
+        """Switch the layout; jit caches are cleared because the few-row setting is read at
+        trace time (the persistent compilation cache makes the recompiles cheap)."""
+        out_in, sums = LAYOUTS[name]
         target.layers.set_layout(out_in)
         drafter.set_layout(out_in)
+        set_few_row_sums(sums)
+        jax.clear_caches()
 
     def run(method):
         tokens, outs = 0, []
@@ -78,8 +90,8 @@ def main(argv=None) -> int:
     # t(N) in interleaved rounds: each layout's grid once per round.
     grids = {name: [] for name in LAYOUTS}
     for r in range(args.reps):
-        for name, out_in in LAYOUTS.items():
-            target.layers.set_layout(out_in)
+        for name in LAYOUTS:
+            set_layout(name)
             costs = autotune.measure_verify_costs(
                 target, context=args.context, nodes=args.nodes, reps=3, with_ar=False
             )
@@ -91,17 +103,18 @@ def main(argv=None) -> int:
     methods = ("plain", "speculative")
     seconds = {(n, m): [] for n in LAYOUTS for m in methods}
     outputs, taus = {}, {}
-    for name, out_in in LAYOUTS.items():
-        set_layout(out_in)
+    for name in LAYOUTS:
+        set_layout(name)
         for m in methods:
             _, outs = run(m)
             outputs[(name, m)] = [np.asarray(o.tokens) for o in outs]
             if m == "speculative":
                 taus[name] = float(np.mean([np.mean(np.asarray(o.stats["tau"])) for o in outs]))
     for r in range(args.reps):
-        for name, out_in in LAYOUTS.items():
-            set_layout(out_in)
+        for name in LAYOUTS:
+            set_layout(name)
             for m in methods:
+                run(m)  # untimed: the switch cleared the compiled functions
                 t0 = time.perf_counter()
                 n_tokens, _ = run(m)
                 seconds[(name, m)].append(time.perf_counter() - t0)
@@ -131,7 +144,8 @@ def main(argv=None) -> int:
             )
     command = "python experiments/weight_layout.py " + " ".join(argv or sys.argv[1:])
     text = "\n".join([
-        "# The weight layout (target and drafter): canonical [in, out] against out_in [out, in]",
+        "# The weight layout (target and drafter): canonical [in, out] against out_in [out, in], "
+        "its few-row products as dots or as sums",
         "",
         device_header(command=command.strip(), drafter=args.drafter, tree=str(tree),
                       prompts=f"{args.n_prompts} MT-bench first turns x {args.max_new_tokens} "
@@ -141,8 +155,7 @@ def main(argv=None) -> int:
         "",
         "| layout | " + " | ".join(f"N={n}" for n in args.nodes) + " |",
         "|---|" + "---|" * len(args.nodes),
-        grid_row("canonical"),
-        grid_row("out_in"),
+        *(grid_row(name) for name in LAYOUTS),
         "",
         "## Decoding (tokens/s: generated tokens over the median wall time of the prompt set)",
         "",
@@ -152,7 +165,10 @@ def main(argv=None) -> int:
         *rows,
         "",
         "Timed in one process: every (layout, method) compiled first, then the repetitions "
-        "interleaved. On CPU, read the ratios, not the absolute speed.",
+        "interleaved (each switch of layout clears the compiled functions and runs every method "
+        "once untimed). out_in, dots: the out_in layout with its products of 2-32 rows "
+        "written as dots (the layout before few-row sums). On CPU, read the ratios, not the "
+        "absolute speed.",
         "",
     ])  # fmt: skip
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,8 @@ Weight matrices come in one of two layouts. Canonical: [in, out], the product is
 product of a few rows (a verification block of N tree nodes) by a weight on the right runs a
 matrix-matrix routine that costs ~2x a one-row product already at N = 4, while the same product
 with the weight leading (its out rows as the long side) stays within ~1.5x up to N = 8
-(SmolLM2 on a 2-core AMD EPYC: NOTES.md, "Fifteenth session"). The target uses out_in on the
+(SmolLM2 on a 2-core AMD EPYC: NOTES.md, "Fifteenth session"); written as a multiply-and-sum
+instead of a dot it grows less again (`weight_leading_product`). The target uses out_in on the
 CPU backend (specjax.models.target.Layers), and a feature drafter bound to it follows
 (FeatureDrafter.set_layout); every checkpoint keeps the canonical layout.
 
@@ -25,6 +26,7 @@ N = 1 took 55-77 ms stacked and 38-41 ms per layer on a 2-core AMD EPYC
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
@@ -52,6 +54,40 @@ class PerLayer:
     layer: jax.Array  # int32 scalar, traced
 
 
+# Row counts (tokens in a call) at which a float32 weight-leading product is written as a
+# broadcast multiply and a sum over the input axis instead of a dot: see weight_leading_product.
+FEW_ROWS = range(2, 33)
+_few_row_sums = True
+
+
+def set_few_row_sums(enabled: bool) -> bool:
+    """Functions traced from now on write few-row products as sums (True, the default) or as
+    dots (False); returns the setting before. Read at trace time: call jax.clear_caches() after
+    switching, or a function compiled with the other setting is reused
+    (experiments/weight_layout.py compares the two)."""
+    global _few_row_sums
+    before, _few_row_sums = _few_row_sums, bool(enabled)
+    return before
+
+
+def weight_leading_product(w: jax.Array, x: jax.Array) -> jax.Array:
+    """w [O, I] times x [..., I] -> [O, ...], the product of the out_in layout.
+
+    For 2-32 rows of float32 it is a broadcast multiply summed over I, not a dot: XLA:CPU runs
+    a dot of a few rows as a matrix-matrix routine that costs 2-3.4x the one-row product of the
+    same weight, the sum ~1.3-1.9x (it reads each weight row once for all the rows). SmolLM2's
+    verification over N = 2 / 4 / 8 nodes fell from 1.40 / 1.44 / 1.75x a one-token forward to
+    1.23 / 1.25 / 1.46x on a 2-core AMD EPYC with AVX-512 (experiments/results/weight_layout.md).
+    One row stays a dot (the matrix-vector routine is the fastest there: the sum is ~20x
+    slower); so do other dtypes (a bfloat16 sum would also accumulate in bfloat16)."""
+    rows = math.prod(x.shape[:-1])
+    if _few_row_sums and rows in FEW_ROWS and w.dtype == x.dtype == jnp.float32:
+        flat = x.reshape(rows, x.shape[-1])
+        out = jnp.sum(w[:, None, :] * flat[None], axis=-1)
+        return out.reshape(w.shape[0], *x.shape[:-1])
+    return jnp.einsum("oi,...i->o...", w, x)
+
+
 def dense(x: jax.Array, w, out_in: bool = False) -> jax.Array:
     """x [..., I] times the weight matrix w: [I, O] (canonical) or [O, I] (out_in) -> [..., O].
 
@@ -59,13 +95,13 @@ def dense(x: jax.Array, w, out_in: bool = False) -> jax.Array:
     if isinstance(w, PerLayer):
         # Only the product is in the branches (the transpose of an out_in product follows
         # the switch): every branch is compiled on its own, so less in them compiles faster.
-        branches = [lambda x, wk=wk: jnp.einsum("oi,...i->o...", wk, x) if out_in else x @ wk
+        branches = [lambda x, wk=wk: weight_leading_product(wk, x) if out_in else x @ wk
                     for wk in w.weights]  # fmt: skip
         out = jax.lax.switch(w.layer, branches, x)
         return jnp.moveaxis(out, 0, -1) if out_in else out
     if not out_in:
         return x @ w
-    return jnp.moveaxis(jnp.einsum("oi,...i->o...", w, x), 0, -1)
+    return jnp.moveaxis(weight_leading_product(w, x), 0, -1)
 
 
 def rope_angles(positions: jax.Array, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:

@@ -24,7 +24,14 @@ from specjax.attention import (
 )
 from specjax.cache import KVCache
 from specjax.config import ModelConfig
-from specjax.models.layers import PerLayer, finish_layer, project_qkv, rms_norm, rope_angles
+from specjax.models.layers import (
+    PerLayer,
+    finish_layer,
+    project_qkv,
+    rms_norm,
+    rope_angles,
+    weight_leading_product,
+)
 from specjax.sharding import LOGICAL_AXES, place_weight
 
 
@@ -194,9 +201,10 @@ class Llama(nnx.Module):
         x = rms_norm(hidden, self.final_norm[...], self.config.norm_eps)
         if self.config.tie_embeddings and self.layers.out_in:
             # The embedding [V, M] leads the product, as the out_in layers' weights do.
-            out = jnp.einsum(
-                "vm,...m->v...", self.embed[...], x, preferred_element_type=jnp.float32
-            )
+            embed = self.embed[...]
+            if embed.dtype == jnp.float32:
+                return jnp.moveaxis(weight_leading_product(embed, x), 0, -1)
+            out = jnp.einsum("vm,...m->v...", embed, x, preferred_element_type=jnp.float32)
             return jnp.moveaxis(out, 0, -1)
         w = self.embed[...].T if self.config.tie_embeddings else self.lm_head[...]
         return jnp.matmul(x, w, preferred_element_type=jnp.float32)
