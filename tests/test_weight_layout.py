@@ -17,7 +17,7 @@ import specjax
 from specjax.cache import init_cache
 from specjax.config import TINY
 from specjax.drafters import LMDrafter
-from specjax.models.layers import dense
+from specjax.models.layers import FEW_ROWS, dense, set_few_row_sums, weight_leading_product
 from specjax.models.target import MATRICES, Llama, default_out_in, model_from_weights
 from specjax.train.checkpoint import target_fingerprint
 from specjax.tree import causal_mask
@@ -40,6 +40,28 @@ def test_dense_gives_the_product_in_either_layout():
     chex.assert_trees_all_close(dense(x, w), x @ w, atol=1e-5)
     chex.assert_trees_all_close(dense(x, w.T.copy(), out_in=True), x @ w, atol=1e-5)
     chex.assert_shape(dense(x, w.T.copy(), out_in=True), (2, 3, 24))
+
+
+@pytest.mark.parametrize("rows", [1, 2, 5, 32, 33])
+def test_weight_leading_product_is_the_product_at_every_row_count(rows):
+    """2-32 float32 rows are a multiply-and-sum, other counts a dot; both give x @ w."""
+    x = jax.random.normal(jax.random.PRNGKey(0), (1, rows, 48))
+    w = jax.random.normal(jax.random.PRNGKey(1), (40, 48))
+    out = weight_leading_product(w, x)
+    chex.assert_shape(out, (40, 1, rows))
+    chex.assert_trees_all_close(out, jnp.einsum("oi,bti->obt", w, x), atol=1e-4)
+    dots = "dot_general" in str(jax.make_jaxpr(weight_leading_product)(w, x))
+    assert dots == (rows not in FEW_ROWS)
+    before = set_few_row_sums(False)
+    jax.clear_caches()  # the setting is read at trace time
+    try:
+        assert "dot_general" in str(jax.make_jaxpr(weight_leading_product)(w, x))
+    finally:
+        set_few_row_sums(before)
+        jax.clear_caches()
+    # Other dtypes keep the dot (a bfloat16 sum would accumulate in bfloat16).
+    as_bf16 = (w.astype(jnp.bfloat16), x.astype(jnp.bfloat16))
+    assert "dot_general" in str(jax.make_jaxpr(weight_leading_product)(*as_bf16))
 
 
 def test_layouts_store_swapped_matrices_and_read_back_canonical():
