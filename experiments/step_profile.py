@@ -37,6 +37,8 @@ CASES = (
     ("stories260K + eagle, 31-node tree", "stories", "checkpoints/stories260K-eagle",
      ("dyn", 31, 6, 8)),
     ("stories260K + llama2xs-279K, tree (4,2,1)", "stories", "llama2xs", ("static", 4, 2, 1)),
+    # The tree the default call picks most often for SmolLM2 on a CPU (results/bench.md).
+    ("SmolLM2 + eagle, tree (7,3,4)", "smollm2", "checkpoints/smollm2-eagle", ("dyn", 7, 3, 4)),
 )  # fmt: skip
 MAX_NEW = 256
 STAGES = ("draft", "verify forward", "rule", "commit")
