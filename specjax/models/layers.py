@@ -76,8 +76,8 @@ def weight_leading_product(w: jax.Array, x: jax.Array) -> jax.Array:
     For 2-32 rows of float32 it is a broadcast multiply summed over I, not a dot: XLA:CPU runs
     a dot of a few rows as a matrix-matrix routine that costs 2-3.4x the one-row product of the
     same weight, the sum ~1.3-1.9x (it reads each weight row once for all the rows). SmolLM2's
-    verification over N = 2 / 4 / 8 nodes fell from 1.40 / 1.44 / 1.75x a one-token forward to
-    1.23 / 1.25 / 1.46x on a 2-core AMD EPYC with AVX-512 (experiments/results/weight_layout.md).
+    verification over N = 2 / 4 / 8 nodes fell from 1.46 / 1.47 / 1.75x a one-token forward to
+    1.21 / 1.22 / 1.41x on a 2-core AMD EPYC with AVX-512 (experiments/results/weight_layout.md).
     One row stays a dot (the matrix-vector routine is the fastest there: the sum is ~20x
     slower); so do other dtypes (a bfloat16 sum would also accumulate in bfloat16)."""
     rows = math.prod(x.shape[:-1])
