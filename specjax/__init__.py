@@ -13,9 +13,14 @@ from specjax.decode import GenerateOutput, generate, score
 from specjax.drafters import Drafter, EagleDrafter, HiddenStateDrafter, LMDrafter, load_drafter
 from specjax.hispec import HiSpec
 from specjax.io import Loaded, load
+from specjax.memory_maps import watch as _watch_memory_maps
 from specjax.models.target import Llama
 from specjax.sharding import make_mesh, shard_model
 from specjax.verifiers import EarlyExitVerifier, FullVerifier, Verifier
+
+# Warn before XLA:CPU's compiled programs use up the process's memory mappings (a compile past
+# vm.max_map_count crashes far from the cause): one check after each compile.
+_watch_memory_maps()
 
 __all__ = [
     "EarlyExitVerifier",

@@ -26,6 +26,7 @@ from specjax.bench.prompts import Prompt, PromptSet
 from specjax.bench.runner import Runner, SpecjaxRunner, Target
 from specjax.benchmark import mean_ci, time_interleaved
 from specjax.config import SamplingConfig
+from specjax.memory_maps import drop_compiled_programs_if_crowded
 
 # Logits of the same fp32 model computed with different shapes (one token vs a tree block, XLA
 # vs torch) differ by up to ~1e-3 over 30 layers (see tests/test_real_models.py); gaps below this
@@ -174,6 +175,10 @@ def bench(
     rows = []
     for prompts in prompt_sets:
         for temperature in temperatures:
+            # Each group compiles its own programs (prompt lengths, samplers); those of the
+            # groups before are dropped once they crowd the process's memory mappings, which
+            # ended a PACER run of 13 methods x 2 prompt sets in a crash (specjax.memory_maps).
+            drop_compiled_programs_if_crowded(log=log)
             sampling = SamplingConfig(temperature=float(temperature))
             runners: dict[str, Runner] = {}
             for m in methods:

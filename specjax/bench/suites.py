@@ -11,13 +11,12 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-import jax
-
 from specjax.bench.harness import Row, bench
 from specjax.bench.methods import Method
 from specjax.bench.prompts import Dataset
 from specjax.bench.runner import Target
 from specjax.datasets import resolve_path
+from specjax.memory_maps import drop_compiled_programs
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -86,7 +85,9 @@ def run_suites(
             costs[f"{suite.name} (context {context})"] = verify_costs(
                 target.model, context=context, nodes=grid, skip_stairs=True
             )
-        jax.clear_caches()  # many compiled programs per suite: keep one process within memory
+        # Many compiled programs per suite: the next suite shares none of them, and they hold
+        # memory and the process's memory mappings (specjax.memory_maps).
+        drop_compiled_programs()
     return rows, described
 
 
