@@ -1,10 +1,10 @@
 """The weight layout on this backend, side by side in one process: canonical [in, out] matrices
 (x @ W) against out_in [out, in] (the weight leads the product: specjax.models.layers.dense),
-and out_in with its products of 2-32 rows written as dots instead of sums
-(specjax.models.layers.weight_leading_product), for the target's cost over N tree nodes t(N),
-plain decoding, and speculative decoding with a fixed tree, on the same prompts. The drafter (its
-layer, its own matrices and its readout head) takes the same layout as the target in each row,
-as binding it to a target does.
+and out_in with its products of 2-32 rows written as dots instead of sums, or as sums over
+unpadded rows (specjax.models.layers.weight_leading_product), for the target's cost over N
+tree nodes t(N), plain decoding, and speculative decoding with a fixed tree, on the same
+prompts. The drafter (its layer, its own matrices and its readout head) takes the same layout
+as the target in each row, as binding it to a target does.
 
 Why: on XLA:CPU a product of a few rows by a weight on the right runs a matrix-matrix routine
 whose cost grows quickly with the rows; with the weight leading it grows less, and written as a
@@ -13,6 +13,8 @@ whether speculation pays.
 
     python experiments/weight_layout.py                 # SmolLM2 + eagle, 8 MT-bench turns
     python experiments/weight_layout.py --n-prompts 2 --max-new-tokens 16 --reps 1 --out /tmp/w.md
+    python experiments/weight_layout.py --layouts "out_in, unpadded sums" out_in --tree 5,3,4 \
+        --nodes 1 4 5 6 8 12 16 28 31 32 --out experiments/results/weight_layout_padded_rows.md
 
 Writes experiments/results/weight_layout.md.
 """
@@ -28,8 +30,14 @@ import jax
 import numpy as np
 
 RESULTS = Path(__file__).resolve().parent / "results"
-# name -> (out_in, few-row products as sums)
-LAYOUTS = {"canonical": (False, False), "out_in, dots": (True, False), "out_in": (True, True)}
+# name -> (out_in, few-row products as sums, their rows padded to a multiple of 8 above 4)
+LAYOUTS = {
+    "canonical": (False, False, False),
+    "out_in, dots": (True, False, False),
+    "out_in, unpadded sums": (True, True, False),
+    "out_in": (True, True, True),
+}
+DEFAULT_LAYOUTS = ("canonical", "out_in, dots", "out_in")
 
 
 def main(argv=None) -> int:
@@ -39,7 +47,7 @@ def main(argv=None) -> int:
     from specjax.compile_cache import enable_compilation_cache
     from specjax.config import SpecConfig, TreeConfig
     from specjax.datasets import encode_question, read_spec_bench, select_questions
-    from specjax.models.layers import set_few_row_sums
+    from specjax.models.layers import set_few_row_sums, set_row_padding
     from specjax.paths import SMOLLM2, SMOLLM2_EAGLE, repo_dir, shared_path
 
     parser = argparse.ArgumentParser(prog="python experiments/weight_layout.py")
@@ -51,7 +59,12 @@ def main(argv=None) -> int:
     parser.add_argument("--nodes", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
     parser.add_argument("--context", type=int, default=128)
     parser.add_argument("--out", default=str(RESULTS / "weight_layout.md"))
+    parser.add_argument(
+        "--layouts", nargs="+", choices=list(LAYOUTS), default=list(DEFAULT_LAYOUTS),
+        help="the layouts compared; the first one's plain decoding is every row's reference",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    layouts = list(dict.fromkeys(args.layouts))
     budget, depth, topk = (int(x) for x in args.tree.split(","))
     tree = TreeConfig.dynamic(budget, depth, topk)
     if min(args.n_prompts, args.max_new_tokens, args.reps) < 1:
@@ -69,10 +82,11 @@ def main(argv=None) -> int:
     def set_layout(name):
         """Switch the layout; jit caches are cleared because the few-row setting is read at
         trace time (the persistent compilation cache makes the recompiles cheap)."""
-        out_in, sums = LAYOUTS[name]
+        out_in, sums, pad = LAYOUTS[name]
         target.layers.set_layout(out_in)
         drafter.set_layout(out_in)
         set_few_row_sums(sums)
+        set_row_padding(pad)
         jax.clear_caches()
 
     def run(method):
@@ -88,9 +102,9 @@ def main(argv=None) -> int:
         return tokens, outs
 
     # t(N) in interleaved rounds: each layout's grid once per round.
-    grids = {name: [] for name in LAYOUTS}
+    grids = {name: [] for name in layouts}
     for r in range(args.reps):
-        for name in LAYOUTS:
+        for name in layouts:
             set_layout(name)
             costs = autotune.measure_verify_costs(
                 target, context=args.context, nodes=args.nodes, reps=3, with_ar=False
@@ -101,9 +115,9 @@ def main(argv=None) -> int:
 
     # Decoding: warm up (compile) every (layout, method), then interleaved timed repetitions.
     methods = ("plain", "speculative")
-    seconds = {(n, m): [] for n in LAYOUTS for m in methods}
+    seconds = {(n, m): [] for n in layouts for m in methods}
     outputs, taus = {}, {}
-    for name in LAYOUTS:
+    for name in layouts:
         set_layout(name)
         for m in methods:
             _, outs = run(m)
@@ -111,7 +125,7 @@ def main(argv=None) -> int:
             if m == "speculative":
                 taus[name] = float(np.mean([np.mean(np.asarray(o.stats["tau"])) for o in outs]))
     for r in range(args.reps):
-        for name in LAYOUTS:
+        for name in layouts:
             set_layout(name)
             for m in methods:
                 run(m)  # untimed: the switch cleared the compiled functions
@@ -120,7 +134,7 @@ def main(argv=None) -> int:
                 seconds[(name, m)].append(time.perf_counter() - t0)
         print(f"[weight_layout] decoding round {r + 1}/{args.reps}", flush=True)
     tps = {k: n_tokens / float(np.median(v)) for k, v in seconds.items()}
-    base = outputs[("canonical", "plain")]
+    base = outputs[(layouts[0], "plain")]
     equal = {
         k: sum(np.array_equal(a, b) for a, b in zip(v, base, strict=True))
         for k, v in outputs.items()
@@ -131,9 +145,9 @@ def main(argv=None) -> int:
         cells = " | ".join(f"{x:.1f} ({x / t[0]:.2f}x)" for x in t)
         return f"| {name} | {cells} |"
 
-    ref_plain = tps[("canonical", "plain")]
+    ref_plain = tps[(layouts[0], "plain")]
     rows = []
-    for name in LAYOUTS:
+    for name in layouts:
         for m in methods:
             speed = tps[(name, m)]
             tau = taus[name] if m == "speculative" else 1.0
@@ -155,20 +169,21 @@ def main(argv=None) -> int:
         "",
         "| layout | " + " | ".join(f"N={n}" for n in args.nodes) + " |",
         "|---|" + "---|" * len(args.nodes),
-        *(grid_row(name) for name in LAYOUTS),
+        *(grid_row(name) for name in layouts),
         "",
         "## Decoding (tokens/s: generated tokens over the median wall time of the prompt set)",
         "",
-        "| layout | method | tokens/s | vs canonical plain | vs plain, same layout | tau | "
-        "greedy = canonical plain |",
+        f"| layout | method | tokens/s | vs {layouts[0]} plain | vs plain, same layout | tau | "
+        f"greedy = {layouts[0]} plain |",
         "|---|---|---|---|---|---|---|",
         *rows,
         "",
         "Timed in one process: every (layout, method) compiled first, then the repetitions "
         "interleaved (each switch of layout clears the compiled functions and runs every method "
         "once untimed). out_in, dots: the out_in layout with its products of 2-32 rows "
-        "written as dots (the layout before few-row sums). On CPU, read the ratios, not the "
-        "absolute speed.",
+        "written as dots (the layout before few-row sums); out_in, unpadded sums: its sums over "
+        "the rows as they are (before padding above 4 rows to a multiple of 8). On CPU, read "
+        "the ratios, not the absolute speed.",
         "",
     ])  # fmt: skip
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -17,7 +17,14 @@ import specjax
 from specjax.cache import init_cache
 from specjax.config import TINY
 from specjax.drafters import LMDrafter
-from specjax.models.layers import FEW_ROWS, dense, set_few_row_sums, weight_leading_product
+from specjax.models.layers import (
+    FEW_ROWS,
+    dense,
+    set_few_row_sums,
+    set_row_padding,
+    summed_rows,
+    weight_leading_product,
+)
 from specjax.models.target import MATRICES, Llama, default_out_in, model_from_weights
 from specjax.train.checkpoint import target_fingerprint
 from specjax.tree import causal_mask
@@ -42,16 +49,29 @@ def test_dense_gives_the_product_in_either_layout():
     chex.assert_shape(dense(x, w.T.copy(), out_in=True), (2, 3, 24))
 
 
-@pytest.mark.parametrize("rows", [1, 2, 5, 32, 33])
+@pytest.mark.parametrize("rows", [1, 2, 4, 5, 12, 31, 32, 33])
 def test_weight_leading_product_is_the_product_at_every_row_count(rows):
-    """2-32 float32 rows are a multiply-and-sum, other counts a dot; both give x @ w."""
+    """2-32 float32 rows are a multiply-and-sum (above 4 rows over zero rows up to a multiple
+    of 8), other counts a dot; all give x @ w."""
     x = jax.random.normal(jax.random.PRNGKey(0), (1, rows, 48))
     w = jax.random.normal(jax.random.PRNGKey(1), (40, 48))
     out = weight_leading_product(w, x)
     chex.assert_shape(out, (40, 1, rows))
     chex.assert_trees_all_close(out, jnp.einsum("oi,bti->obt", w, x), atol=1e-4)
-    dots = "dot_general" in str(jax.make_jaxpr(weight_leading_product)(w, x))
-    assert dots == (rows not in FEW_ROWS)
+    jaxpr = str(jax.make_jaxpr(weight_leading_product)(w, x))
+    assert ("dot_general" in jaxpr) == (rows not in FEW_ROWS)
+    padded = rows in FEW_ROWS and rows > 4 and rows % 8 != 0
+    assert ("pad[" in jaxpr) == padded, jaxpr
+    assert summed_rows(rows) == (-(-rows // 8) * 8 if rows > 4 else rows)
+    if padded:  # unpadded when turned off, the same product
+        before = set_row_padding(False)
+        jax.clear_caches()
+        try:
+            assert "pad[" not in str(jax.make_jaxpr(weight_leading_product)(w, x))
+            chex.assert_trees_all_close(weight_leading_product(w, x), out, atol=1e-5)
+        finally:
+            set_row_padding(before)
+            jax.clear_caches()
     before = set_few_row_sums(False)
     jax.clear_caches()  # the setting is read at trace time
     try:

@@ -57,7 +57,14 @@ class PerLayer:
 # Row counts (tokens in a call) at which a float32 weight-leading product is written as a
 # broadcast multiply and a sum over the input axis instead of a dot: see weight_leading_product.
 FEW_ROWS = range(2, 33)
+# Above PAD_ABOVE rows a sum runs over the rows padded to a multiple of ROW_PAD: on a 2-core AMD
+# EPYC (AVX-512) SmolLM2's forward over 5-7 rows cost more than over 8, over 12 more than over
+# 16, over 28 or 31 ~1.3x more than over 32 (NOTES.md, "Twenty-fifth session"); up to 4 rows
+# padding costs more than it saves.
+ROW_PAD = 8
+PAD_ABOVE = 4
 _few_row_sums = True
+_pad_rows = True
 
 
 def set_few_row_sums(enabled: bool) -> bool:
@@ -70,6 +77,22 @@ def set_few_row_sums(enabled: bool) -> bool:
     return before
 
 
+def set_row_padding(enabled: bool) -> bool:
+    """Functions traced from now on pad a sum's rows to a multiple of ROW_PAD above PAD_ABOVE
+    rows (True, the default) or not; returns the setting before. Read at trace time, as
+    set_few_row_sums."""
+    global _pad_rows
+    before, _pad_rows = _pad_rows, bool(enabled)
+    return before
+
+
+def summed_rows(rows: int) -> int:
+    """How many rows a few-row sum of `rows` rows runs over (padding included)."""
+    if not _pad_rows or rows <= PAD_ABOVE:
+        return rows
+    return -(-rows // ROW_PAD) * ROW_PAD
+
+
 def weight_leading_product(w: jax.Array, x: jax.Array) -> jax.Array:
     """w [O, I] times x [..., I] -> [O, ...], the product of the out_in layout.
 
@@ -78,12 +101,17 @@ def weight_leading_product(w: jax.Array, x: jax.Array) -> jax.Array:
     same weight, the sum ~1.3-1.9x (it reads each weight row once for all the rows). SmolLM2's
     verification over N = 2 / 4 / 8 nodes fell from 1.46 / 1.47 / 1.75x a one-token forward to
     1.21 / 1.22 / 1.41x on a 2-core AMD EPYC with AVX-512 (experiments/results/weight_layout.md).
-    One row stays a dot (the matrix-vector routine is the fastest there: the sum is ~20x
-    slower); so do other dtypes (a bfloat16 sum would also accumulate in bfloat16)."""
+    Above PAD_ABOVE rows the sum runs over zero rows up to a multiple of ROW_PAD (summed_rows),
+    which costs less than the odd counts themselves. One row stays a dot (the matrix-vector
+    routine is the fastest there: the sum is ~20x slower); so do other dtypes (a bfloat16 sum
+    would also accumulate in bfloat16)."""
     rows = math.prod(x.shape[:-1])
     if _few_row_sums and rows in FEW_ROWS and w.dtype == x.dtype == jnp.float32:
         flat = x.reshape(rows, x.shape[-1])
-        out = jnp.sum(w[:, None, :] * flat[None], axis=-1)
+        padded = summed_rows(rows)
+        if padded > rows:
+            flat = jnp.pad(flat, ((0, padded - rows), (0, 0)))
+        out = jnp.sum(w[:, None, :] * flat[None], axis=-1)[:, :rows]
         return out.reshape(w.shape[0], *x.shape[:-1])
     return jnp.einsum("oi,...i->o...", w, x)
 
