@@ -50,12 +50,13 @@ from specjax.tree import causal_mask
 
 DEFAULT_NODES = (1, 2, 4, 8, 16, 32, 64)
 DEFAULT_CONTEXT = 256  # committed positions before the measured block
-FORMAT_VERSION = 11  # 3: no pre-verifier in costs; 4: overhead may be unknown; 5: AR step loop;
+FORMAT_VERSION = 12  # 3: no pre-verifier in costs; 4: overhead may be unknown; 5: AR step loop;
 # 6: candidate steps as paired ratios to plain decoding; 7: t(N) timed in interleaved rounds;
 # 8: candidate steps timed in CANDIDATE_ROUNDS rounds; 9: candidates at timed node counts only,
 # one ledger of timed steps per drafter, batch and context; 10: out_in matrices one buffer per
 # layer (every forward on the CPU got cheaper, unevenly over N); 11: the interior of a stair
-# of t(N) may be left untimed (skip_stairs)
+# of t(N) may be left untimed (skip_stairs); 12: the target's few-row products are sums,
+# padded above 4 rows to a multiple of 8 (t(N) of the CPU changed at most N)
 VERIFY_CALL_S = 0.2  # seconds a timed call of the target over N nodes lasts (several iterations)
 AR_TOKENS = 33  # decoding room of the plain-decoding state timed (generate's for 33 tokens)
 STATIC_DRAFT_NODES = (2, 4, 8, 16, 32, 64)
