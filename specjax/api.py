@@ -14,6 +14,7 @@ from specjax.choice import resolve_auto
 from specjax.config import AutoSpecConfig, SamplingConfig, SpecConfig
 from specjax.decode import GenerateOutput, check_eos, check_sampling, generate, prepare_prompts
 from specjax.hispec import HiSpec, hispec_generate
+from specjax.hispec_choice import choose_hispec
 from specjax.speculative import speculative_decode
 
 
@@ -75,7 +76,9 @@ def speculative_generate(
 
 
 def _hispec(target, hispec, prompts, config, verifier, **kwargs):
-    """speculative_generate for a HiSpec drafter: it is its own verifier, and drafts chains."""
+    """speculative_generate for a HiSpec drafter: it is its own verifier, and drafts chains.
+    With SpecConfig.auto() it runs only where it measured faster than plain decoding for this
+    call's kind (specjax.hispec_choice); an explicit SpecConfig always runs it."""
     if verifier is not None:
         raise ValueError(
             "a HiSpec drafter verifies with its own exits: pass verifier=None (an "
@@ -89,7 +92,20 @@ def _hispec(target, hispec, prompts, config, verifier, **kwargs):
                 f"{config.tree}"
             )
         hispec = hispec.with_settings(draft_len=config.tree.max_depth)
-    return hispec_generate(target, hispec, prompts, attn_impl=attn_impl, **kwargs)
+        return hispec_generate(target, hispec, prompts, attn_impl=attn_impl, **kwargs)
+    if not config.allow_autoregressive:
+        return hispec_generate(target, hispec, prompts, attn_impl=attn_impl, **kwargs)
+    # Checked before the probe compiles anything (the probe decodes these prompts).
+    check_sampling(kwargs["sampling"])
+    check_eos(kwargs["eos_id"], target.config)
+    hispec.check_compatible(target)
+    prepare_prompts(prompts, target.config, kwargs["max_new_tokens"], extra_slots=hispec.slots + 2)
+    choice = choose_hispec(target, hispec, prompts, announce=config.verbose, **kwargs)
+    if not choice.use_hispec:
+        return _autoregressive(target, prompts, choice, attn_impl, **kwargs)
+    out = hispec_generate(target, hispec, prompts, attn_impl=attn_impl, **kwargs)
+    out.stats.update(choice.stats())
+    return out
 
 
 def _autoregressive(target, prompts, choice, attn_impl, *, max_new_tokens, sampling, key, eos_id):

@@ -24,6 +24,10 @@ import specjax
 from specjax.config import SamplingConfig, SpecConfig, TreeConfig
 from specjax.hispec import HiSpec
 
+# The three-level loop itself: the default call would first time it against plain decoding
+# (specjax.hispec_choice) and might decode plainly.
+ALWAYS = SpecConfig.auto(allow_autoregressive=False)
+
 
 @pytest.fixture(scope="module")
 def lively():
@@ -44,7 +48,7 @@ def lively_hispec(lively, draft_layer=1, verify_layer=3, **settings):
 def assert_greedy_equal(lively, hispec, prompts, max_new_tokens, eos_id=None):
     ref = specjax.generate(lively, prompts, max_new_tokens=max_new_tokens, eos_id=eos_id)
     out = specjax.speculative_generate(
-        lively, hispec, prompts, max_new_tokens=max_new_tokens, eos_id=eos_id
+        lively, hispec, prompts, max_new_tokens=max_new_tokens, eos_id=eos_id, config=ALWAYS
     )
     np.testing.assert_array_equal(np.asarray(out.lengths), np.asarray(ref.lengths))
     np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
@@ -86,7 +90,7 @@ def test_eos_and_batch_independence(lively):
     assert int(out.lengths[1]) <= 7
     for i in (0, 3):
         alone = specjax.speculative_generate(
-            lively, hispec, [RAGGED[i]], max_new_tokens=30, eos_id=eos
+            lively, hispec, [RAGGED[i]], max_new_tokens=30, eos_id=eos, config=ALWAYS
         )
         np.testing.assert_array_equal(np.asarray(alone.tokens)[0], np.asarray(out.tokens)[i])
 
@@ -97,11 +101,12 @@ def test_sampled_rows_do_not_depend_on_the_batch(lively):
     sampling = SamplingConfig(temperature=1.0)
     keys = jax.random.split(jax.random.key(3), 4)
     together = specjax.speculative_generate(
-        lively, hispec, RAGGED, max_new_tokens=24, sampling=sampling, key=keys
+        lively, hispec, RAGGED, max_new_tokens=24, sampling=sampling, key=keys, config=ALWAYS
     )
     alone = specjax.speculative_generate(
-        lively, hispec, [RAGGED[2]], max_new_tokens=24, sampling=sampling, key=keys[2:3]
-    )
+        lively, hispec, [RAGGED[2]], max_new_tokens=24, sampling=sampling, key=keys[2:3],
+        config=ALWAYS,
+    )  # fmt: skip
     np.testing.assert_array_equal(np.asarray(alone.tokens)[0], np.asarray(together.tokens)[2])
 
 
@@ -144,7 +149,7 @@ def sampled_rows(target, seed=0):
     keys = jax.random.split(jax.random.key(seed), N_ROWS)
     out = specjax.speculative_generate(
         target, hispec, [PROMPT] * N_ROWS, max_new_tokens=3,
-        sampling=SamplingConfig(temperature=1.0), key=keys,
+        sampling=SamplingConfig(temperature=1.0), key=keys, config=ALWAYS,
     )  # fmt: skip
     assert (np.asarray(out.lengths) == 3).all()
     return np.asarray(out.tokens), {k: np.asarray(v) for k, v in out.stats.items()}
@@ -195,8 +200,56 @@ def test_shipped_exit_heads_load_as_hispec(shared_dir):
     assert isinstance(hispec, HiSpec)
     prompts = tinystories_prompts(stories.tokenizer, 3)
     ref = specjax.generate(stories.model, prompts, max_new_tokens=40)
-    out = specjax.speculative_generate(stories.model, hispec, prompts, max_new_tokens=40)
+    out = specjax.speculative_generate(
+        stories.model, hispec, prompts, max_new_tokens=40, config=ALWAYS
+    )
     np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
     # A trained draft exit gets some drafts past the verify exit (untrained: almost none).
     s = {k: np.asarray(v).sum() for k, v in out.stats.items()}
     assert s["intermediate_accepted"] > 0.1 * s["intermediate_drafted"], s
+
+
+def test_the_default_call_decodes_with_hispec_only_where_it_measured_faster(lively, monkeypatch):
+    """SpecConfig.auto() times HiSpec against plain decoding once per kind of call (kept on disk)
+    and decodes with the faster; the output is plain decoding's either way (greedy)."""
+    from specjax import hispec_choice
+
+    hispec = lively_hispec(lively)
+    ref = specjax.generate(lively, RAGGED[:2], max_new_tokens=20)
+    measured = []
+
+    def fake_measure(ratio):
+        def measure(*args, **kwargs):
+            measured.append(ratio)
+            return ratio, 1.7
+
+        return measure
+
+    for ratio, runs_hispec in ((0.6, False), (1.4, True)):
+        monkeypatch.setattr(hispec_choice, "measure", fake_measure(ratio))
+        monkeypatch.setattr(hispec_choice, "_CHOSEN", {})
+        # Another setting is another key (a first call measures it).
+        h = hispec.with_settings(buffer=2 if runs_hispec else 3)
+        out = specjax.speculative_generate(lively, h, RAGGED[:2], max_new_tokens=20)
+        np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
+        assert ("intermediate_calls" in out.stats) == runs_hispec, out.stats.keys()
+        expected = f"hispec(draft_len=1,buffer={h.buffer})" if runs_hispec else "autoregressive"
+        assert out.stats["tree"] == expected
+        assert out.stats["hispec_probe_speedup"] == ratio
+        # Read back from disk in a later process (the in-process memo cleared): no new probe.
+        monkeypatch.setattr(hispec_choice, "_CHOSEN", {})
+        monkeypatch.setattr(hispec_choice, "measure", lambda *a, **k: pytest.fail("measured"))
+        again = specjax.speculative_generate(lively, h, RAGGED[:2], max_new_tokens=20)
+        assert again.stats["tree"] == expected
+    assert measured == [0.6, 1.4]
+
+
+def test_the_probe_times_both_methods_on_the_calls_prompts(lively):
+    """The probe itself (no stand-in): a positive ratio and HiSpec's tau from real calls."""
+    from specjax import hispec_choice
+
+    ratio, tau = hispec_choice.measure(
+        lively, lively_hispec(lively), RAGGED[:2], sampling=SamplingConfig(),
+        max_new_tokens=12, eos_id=None, key=None,
+    )  # fmt: skip
+    assert 0.0 < ratio < 100.0 and 1.0 <= tau <= 1.0 + lively_hispec(lively).slots
