@@ -3,7 +3,7 @@ decoding on this machine.
 
 HiSpec's speed depends on how often its exits agree with the layers above them and on what a
 pass over a range of layers costs here, and neither is known well enough to predict it: on a
-2-core CPU the shipped SmolLM2 exit heads ran at 0.67-0.87x plain decoding
+2-core CPU the shipped SmolLM2 exit heads ran at 0.63-0.72x plain decoding
 (experiments/results/hispec.md). So the default call measures it: on its first call for a key
 (backend, device kind, the target's weights, the exit heads and their settings, batch, sampling
 mode, cache-length bucket) it decodes the call's own prompts for PROBE_TOKENS tokens with HiSpec
