@@ -18,12 +18,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
-import time
 
-import jax
 import numpy as np
 
 from specjax import autotune
+from specjax.benchmark import time_interleaved
 from specjax.config import SamplingConfig
 
 PROBE_TOKENS = 32  # new tokens per row of a probe call (fewer when the call asks for fewer)
@@ -93,25 +92,22 @@ def measure(target, hispec, prompts, *, sampling: SamplingConfig, max_new_tokens
 
     kw = dict(max_new_tokens=min(PROBE_TOKENS, max_new_tokens), sampling=sampling,
               eos_id=eos_id, key=key)  # fmt: skip
-    runs = {
-        "plain": lambda: generate(target, prompts, **kw),
-        "hispec": lambda: hispec_generate(target, hispec, prompts, **kw),
-    }
-    seconds = {name: [] for name in runs}
-    tokens, taus = {}, []
-    for run in runs.values():  # compile
-        jax.block_until_ready(run().tokens)
-    for _ in range(PROBE_ROUNDS):
-        for name, run in runs.items():
-            t0 = time.perf_counter()
-            out = run()
-            jax.block_until_ready(out.tokens)
-            seconds[name].append(time.perf_counter() - t0)
-            tokens[name] = int(np.asarray(out.lengths).sum())
-            if name == "hispec":
-                taus.append(float(np.mean(np.asarray(out.stats["tau"]))))
-    speed = {n: tokens[n] / float(np.median(seconds[n])) for n in runs}
-    return speed["hispec"] / speed["plain"], float(np.mean(taus))
+    last = {}  # each method's latest output (the same every round: same prompts and keys)
+
+    def recorded(name, run):
+        def call():
+            last[name] = run()
+            return last[name].tokens
+
+        return call
+
+    timings = time_interleaved({
+        "plain": recorded("plain", lambda: generate(target, prompts, **kw)),
+        "hispec": recorded("hispec", lambda: hispec_generate(target, hispec, prompts, **kw)),
+    }, reps=PROBE_ROUNDS)  # fmt: skip
+    speed = {n: int(np.asarray(last[n].lengths).sum()) / t.median for n, t in timings.items()}
+    tau = float(np.mean(np.asarray(last["hispec"].stats["tau"])))
+    return speed["hispec"] / speed["plain"], tau
 
 
 def choose_hispec(target, hispec, prompts, *, sampling: SamplingConfig, max_new_tokens: int,
