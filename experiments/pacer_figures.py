@@ -15,19 +15,20 @@ from pathlib import Path
 import numpy as np
 
 import specjax
+from specjax import pre_verifier_replay as pvr
 from specjax.bench.prompts import Dataset
 from specjax.benchmark import cpu_model
 from specjax.config import TreeConfig
 from specjax.paths import SMOLLM2, repo_dir, shared_path
+from specjax.pre_verifier_replay import path_probability
 from specjax.train import pre_verifier as pvt
-from specjax.train.pre_verifier import path_probability
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def kept_depth(pv, record) -> int:
     """Depth of the deepest node the pre-verifier keeps in a recorded tree."""
-    p = pvt.predict(pv, record.node_stats)
+    p = pvr.predict(pv, record.node_stats)
     keep = record.valid & (path_probability(p, record.parents) >= pv.config.threshold)
     keep[0] = True
     return int(record.node_stats[keep, 5].max())

@@ -9,11 +9,17 @@ Labels: greedy speculative decoding with the collection tree on held-in prompts
 (specjax.calibration.held_in_prompts: the project's broad and task prompt generators in the chat
 template for SmolLM2 (the shipped SmolLM2 pre-verifiers were trained when it held broad prompts
 only; their cards say so), TinyStories training paragraphs for stories260K); the last fifth of
-the prompts is
-held out for the calibration figures. MT-bench's first turns are used for evaluation only (AUC
-and calibration on them; nothing is fitted there). The threshold is the one whose replay on the
-held-out steps (specjax.train.pre_verifier.simulate) gives the most tokens per second under
-this machine's measured costs (specjax.autotune).
+the prompts is held out for the calibration figures. MT-bench's first turns are used for
+evaluation only (AUC and calibration on them; nothing is fitted there). The thresholds are the
+ones whose replay on the held-out steps (specjax.pre_verifier_replay) gives the most tokens per
+second under this machine's measured costs (specjax.autotune); the held-out steps are kept in
+pre_verifier/replay.npz, so that each machine the drafter runs on chooses again under its own
+costs (specjax.pre_verifier_local).
+
+    python experiments/train_pre_verifier.py --drafter checkpoints/smollm2-mdc --replay-only
+
+records only the held-out steps into an existing pre-verifier's folder (the same prompts and
+collection tree as its training; nothing is retrained).
 """
 
 from __future__ import annotations
@@ -26,18 +32,21 @@ import numpy as np
 
 import specjax
 from specjax import autotune
+from specjax import pre_verifier_replay as pvr
 from specjax.benchmark import cpu_model
 from specjax.calibration import held_in_prompts, update_card
 from specjax.config import TreeConfig
-from specjax.models.pre_verifier import FOLDER, PreVerifierConfig, save_pre_verifier
+from specjax.models.pre_verifier import (
+    FOLDER,
+    REPLAY,
+    PreVerifierConfig,
+    read_pre_verifier_header,
+    save_pre_verifier,
+)
 from specjax.paths import SMOLLM2, STORIES260K, repo_dir, shared_path
 from specjax.train import pre_verifier as pvt
 
 RESULTS = Path(__file__).resolve().parent / "results"
-THRESHOLDS = (0.0, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
-# Small fixed trees replayed beside the thresholds: the pre-verifier is worth keeping only if it
-# beats the best of these, not just the collection tree it prunes.
-FIXED_TREES = ((4, 2, 2), (7, 3, 4), (15, 5, 4))
 
 
 def say(message: str) -> None:
@@ -60,6 +69,11 @@ def main() -> None:
     ap.add_argument("--max-new", type=int, default=64)
     ap.add_argument("--steps", type=int, default=3000, help="training steps")
     ap.add_argument("--block", type=int, default=1, help="levels drafted between checks (b)")
+    ap.add_argument(
+        "--replay-only",
+        action="store_true",
+        help="only record the held-out steps into an existing pre_verifier/",
+    )
     args = ap.parse_args()
 
     folder = Path(args.drafter)
@@ -76,6 +90,17 @@ def main() -> None:
     n_train = len(prompts) * 4 // 5
     t0 = time.time()
     record = dict(config=config, max_new_tokens=args.max_new, eos_id=eos, progress=say)
+    if args.replay_only:
+        pv_header = read_pre_verifier_header(folder / FOLDER)
+        if pv_header["card"].get("collection_tree") != args.tree:
+            raise SystemExit(
+                f"{folder / FOLDER} was trained with --tree "
+                f"{pv_header['card'].get('collection_tree')}, not {args.tree}"
+            )
+        held_rec = pvt.record_steps(target.model, drafter, prompts[n_train:], **record)
+        pvr.save_records(held_rec, folder / FOLDER / REPLAY)
+        say(f"wrote {folder / FOLDER / REPLAY}: {len(held_rec)} row-steps")
+        return
     train_rec = pvt.record_steps(target.model, drafter, prompts[:n_train], **record)
     held_rec = pvt.record_steps(target.model, drafter, prompts[n_train:], **record)
     eval_rec = []
@@ -97,44 +122,23 @@ def main() -> None:
     quality = {}
     for name, recs in sets.items():
         xs, ys = pvt.node_labels(recs)
-        p = pvt.predict(pv, xs)
+        p = pvr.predict(pv, xs)
         base = pvt.auc(-np.abs(xs[:, 0]), ys)  # the draft probability alone, for comparison
         quality[name] = (len(ys), pvt.auc(p, ys), base, pvt.calibration_bins(p, ys))
 
     verify = autotune.verify_costs(target.model, with_ar=False)
-    topks = sorted({topk, *(k for _, _, k in FIXED_TREES)})
+    topks = sorted({topk, *(k for _, _, k in pvr.FIXED_TREES)})
     draft = autotune.draft_costs(target.model, drafter, verify, topks=tuple(topks))
 
-    def drafting(k: int):
-        """Seconds to draft d levels of a top-k dynamic tree (a stopped drafter runs only the
-        levels it reached, the mdc chain included)."""
-        return lambda levels: draft.t_draft(TreeConfig.dynamic(nodes, levels, k))
-
-    t_draft = drafting(topk)
-    sims = [pvt.simulate(None, held_rec, 0.0, t_verify=verify.t_verify, t_draft=t_draft)]
-    sims += [pvt.simulate(pv, held_rec, t, t_verify=verify.t_verify, t_draft=t_draft)
-             for t in THRESHOLDS]  # fmt: skip
-    fixed, pruned = {}, {}
-    for tree in FIXED_TREES:
-        costs = dict(t_verify=verify.t_verify, t_draft=drafting(tree[2]))
-        fixed[tree] = pvt.simulate_fixed(held_rec, tree, **costs)
-        # Threshold 0 keeps every node and never stops drafting: a budget where no pruning
-        # replays faster than the whole tree is left unpruned (ties go to 0, listed first).
-        pruned[tree] = max(
-            (pvt.simulate(pv, held_rec, t, base=tree, **costs) for t in THRESHOLDS),
-            key=lambda s: s.tokens_per_second,
-        )
-    # the threshold: the best replayed tokens/s over the collection tree and the small trees
-    # pruned (a threshold is one number; the tree it prunes is the caller's choice)
-    choices = {None: max(sims[1:], key=lambda s: s.tokens_per_second)} | pruned
-    best_base = max(choices, key=lambda b: choices[b].tokens_per_second)
-    best = choices[best_base]
-    best_fixed = max(fixed, key=lambda t: fixed[t].tokens_per_second)
-    vs_fixed = best.tokens_per_second / fixed[best_fixed].tokens_per_second
-    base_words = f"dynamic({args.tree})" if best_base is None else f"dynamic{best_base}"
-    # and one threshold per tree budget, each the best replayed on its own tree, for callers that
-    # pick another tree than the one the single threshold was chosen on
-    per_budget = {nodes: choices[None].threshold} | {t[0]: pruned[t].threshold for t in FIXED_TREES}
+    replay = pvr.replay_thresholds(
+        pv, held_rec, collection=(nodes, depth, topk), t_verify=verify.t_verify,
+        t_draft=lambda levels, k: draft.t_draft(TreeConfig.dynamic(nodes, levels, k)),
+    )  # fmt: skip
+    best, best_fixed, vs_fixed = replay.best, replay.best_fixed, replay.vs_best_fixed
+    base_words = (
+        f"dynamic({args.tree})" if replay.best_base is None else f"dynamic{replay.best_base}"
+    )
+    per_budget = replay.table
     pv = pv.with_settings(
         threshold=best.threshold, budget_thresholds=tuple(sorted(per_budget.items()))
     )
@@ -152,6 +156,9 @@ def main() -> None:
         "prompts": description,
     }
     save_pre_verifier(pv, folder / FOLDER, card=card)
+    # The held-out steps stay with it: where the drafter runs, its thresholds are chosen again
+    # under that machine's costs (specjax.pre_verifier_local).
+    pvr.save_records(held_rec, folder / FOLDER / REPLAY)
 
     lines = [
         f"## Pre-verifier ({FOLDER}/)",
@@ -202,6 +209,7 @@ def main() -> None:
         "| threshold | tau | draft nodes | bucket | levels | predicted tok/s | vs none |",
         "|---|---|---|---|---|---|---|",
     ]
+    sims = (replay.unpruned, *replay.by_threshold)
     for s in sims:
         name = "none" if s is sims[0] else f"{s.threshold}"
         ratio = s.tokens_per_second / sims[0].tokens_per_second
@@ -209,10 +217,10 @@ def main() -> None:
             f"| {name} | {s.tau:.2f} | {s.draft_len:.1f} | {s.bucket:.1f} | {s.depth:.1f} "
             f"| {s.tokens_per_second:.1f} | {ratio:.2f}x |"
         )
-    for tree in FIXED_TREES:
+    for tree, pruned in replay.pruned.items():
         for label, s in (
-            (f"fixed dynamic{tree}, no pre-verifier", fixed[tree]),
-            (f"dynamic{tree} pruned at {pruned[tree].threshold} (its best)", pruned[tree]),
+            (f"fixed dynamic{tree}, no pre-verifier", replay.fixed[tree]),
+            (f"dynamic{tree} pruned at {pruned.threshold} (its best)", pruned),
         ):
             ratio = s.tokens_per_second / sims[0].tokens_per_second
             rows.append(

@@ -4,10 +4,12 @@ measurement and calibration modules that drive it."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import adaptation
+from specjax import adaptation, pre_verifier_local
 from specjax.acceptance import mode_of
 from specjax.cache import tree_reserve
 from specjax.choice import resolve_auto
@@ -15,7 +17,7 @@ from specjax.config import AutoSpecConfig, SamplingConfig, SpecConfig
 from specjax.decode import GenerateOutput, check_eos, check_sampling, generate, prepare_prompts
 from specjax.hispec import HiSpec, hispec_generate
 from specjax.hispec_choice import choose_hispec
-from specjax.speculative import speculative_decode
+from specjax.speculative import pruning_pre_verifier, speculative_decode
 
 
 def speculative_generate(
@@ -56,10 +58,16 @@ def speculative_generate(
     if isinstance(drafter, HiSpec):
         return _hispec(target, drafter, prompts, config, verifier, **kwargs)
     if not isinstance(config, AutoSpecConfig):
+        _localize_pre_verifier(target, drafter, prompts, config, **kwargs)
         return speculative_decode(target, drafter, prompts, config=config, verifier=verifier,
                                   **kwargs)  # fmt: skip
     choice = _choose_config(target, drafter, prompts, config, sampling, max_new_tokens, eos_id)
-    adapting = config.adapt is True and verifier is None  # the profiles predict the full target
+    prune = None
+    if choice.config is not None and sampling.greedy and verifier is None:
+        choice, prune = _with_pre_verifier(target, drafter, choice)
+    # The profiles predict the whole tree verified by the full target: a pruned tree's tau or
+    # another verifier's says nothing about them.
+    adapting = config.adapt is True and verifier is None and not choice.config_prunes
     key = adaptation.key_of(target, drafter, mode_of(sampling))
     if choice.config is None:
         if adapting:
@@ -72,7 +80,25 @@ def speculative_generate(
     if adapting:
         adaptation.record(key, target, drafter, choice.profiles, chosen.tree, out.stats)
     out.stats.update(choice.stats())
+    if prune is not None:
+        out.stats["pre_verifier_replay_gain"] = prune.gain
     return out
+
+
+def _with_pre_verifier(target, drafter, choice):
+    """SpecConfig.auto() weighs trees whole. Let the drafter's pre-verifier prune the chosen tree
+    when replaying its recorded (greedy) steps under this machine's costs predicts at least
+    pre_verifier_local.MIN_GAIN more tokens per second; the predictions are scaled by the
+    replay. Returns (choice, the replay or None)."""
+    prune = pre_verifier_local.pruning_gain(target, drafter, choice.config.tree)
+    if prune is None or prune.gain < pre_verifier_local.MIN_GAIN:
+        return choice, prune
+    return dataclasses.replace(
+        choice,
+        config=dataclasses.replace(choice.config, pre_verify=True),
+        predicted_tau=choice.predicted_tau * prune.tau_pruned / prune.tau_whole,
+        seconds_per_step=choice.seconds_per_step * prune.seconds_pruned / prune.seconds_whole,
+    ), prune
 
 
 def _hispec(target, hispec, prompts, config, verifier, **kwargs):
@@ -106,6 +132,28 @@ def _hispec(target, hispec, prompts, config, verifier, **kwargs):
     out = hispec_generate(target, hispec, prompts, attn_impl=attn_impl, **kwargs)
     out.stats.update(choice.stats())
     return out
+
+
+def _localize_pre_verifier(target, drafter, prompts, config, *, max_new_tokens, sampling, key,
+                           eos_id):  # fmt: skip
+    """When the drafter's pre-verifier will prune this call's trees with the thresholds it was
+    trained with, choose them again under this machine's costs first (specjax.pre_verifier_local;
+    once per machine, kept on disk). The call's input is checked before anything is measured."""
+    pv = getattr(drafter, "pre_verifier", None)
+    if not pre_verifier_local.pending(pv):
+        return
+    check_sampling(sampling)
+    drafter.check_compatible(target)
+    check_eos(eos_id, target.config)
+    prepare_prompts(
+        prompts,
+        target.config,
+        max_new_tokens,
+        extra_slots=tree_reserve(config.tree.num_nodes, config.tree.max_depth),
+    )
+    rule = config.resolved_rule(sampling, drafter.samples_children)
+    if pruning_pre_verifier(drafter, config, rule) is not None:
+        pre_verifier_local.localize(target, drafter)
 
 
 def _autoregressive(target, prompts, choice, attn_impl, *, max_new_tokens, sampling, key, eos_id):

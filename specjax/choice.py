@@ -93,6 +93,11 @@ class Choice:
         return self.predicted_tau * self.ar_seconds_per_token / self.seconds_per_step
 
     @property
+    def config_prunes(self) -> bool:
+        """Whether the chosen config lets the drafter's pre-verifier prune its tree."""
+        return self.config is not None and self.config.pre_verify
+
+    @property
     def break_even_tau(self) -> float:
         """The tau at which the chosen step decodes as fast as plain decoding."""
         return self.seconds_per_step / self.ar_seconds_per_token
@@ -107,8 +112,10 @@ class Choice:
             return "autoregressive"
         tree = self.config.tree
         if tree.is_dynamic:
-            return f"dynamic({tree.budget},{tree.max_depth},{tree.topk})"
-        return "branching(" + ",".join(str(b) for b in tree.branching) + ")"
+            label = f"dynamic({tree.budget},{tree.max_depth},{tree.topk})"
+        else:
+            label = "branching(" + ",".join(str(b) for b in tree.branching) + ")"
+        return label + (" pre-verified" if self.config_prunes else "")
 
     def stats(self) -> dict:
         return {

@@ -101,6 +101,15 @@ def _write_tokens(row, emitted, start, n_keep):
     return jax.lax.dynamic_update_slice(row, new, (start,))
 
 
+def pruning_pre_verifier(drafter, config: SpecConfig, rule: str):
+    """The drafter's pre-verifier when it may prune trees of `config` under `rule`, else None:
+    only deterministic (top-k) children may be dropped by what they are (specjax.pre_verify)."""
+    pv = getattr(drafter, "pre_verifier", None) if config.pre_verify else None
+    if pv is None or rule in ("chain", "tree_sampled", "hsd"):
+        return None
+    return pv if pv.prunes(config.tree.num_nodes) else None
+
+
 @dataclasses.dataclass(frozen=True)
 class SpeculativeLoop:
     """The pieces of one speculative decoding run, traced inside jit.
@@ -124,12 +133,7 @@ class SpeculativeLoop:
 
     @property
     def pre_verifier(self):
-        """The drafter's pre-verifier when it may prune this run's trees, else None: only
-        deterministic (top-k) children may be dropped by what they are (specjax.pre_verify)."""
-        pv = getattr(self.drafter, "pre_verifier", None) if self.config.pre_verify else None
-        if pv is None or self.rule in ("chain", "tree_sampled", "hsd"):
-            return None
-        return pv if pv.prunes(self.config.tree.num_nodes) else None
+        return pruning_pre_verifier(self.drafter, self.config, self.rule)
 
     @property
     def buckets(self) -> tuple[int, ...]:

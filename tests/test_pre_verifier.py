@@ -25,6 +25,7 @@ from test_lossless_e2e import (
 )
 
 import specjax
+from specjax import pre_verifier_replay as pvr
 from specjax import pre_verify
 from specjax.config import TINY, ModelConfig, SamplingConfig, SpecConfig, TreeConfig
 from specjax.drafters.lm import LMDrafter
@@ -368,7 +369,7 @@ def test_labels_auc_and_replay():
     parents = np.array([-1, 0, 0, 1, 2])
     stats = np.zeros((5, len(NODE_STATS)), np.float32)
     stats[:, 5] = [0, 1, 1, 2, 2]
-    rec = pvt.StepRecord(parents=parents, valid=np.ones(5, bool), node_stats=stats,
+    rec = pvr.StepRecord(parents=parents, valid=np.ones(5, bool), node_stats=stats,
                          path=np.array([1, 3]))  # fmt: skip
     x, y = pvt.node_labels([rec])
     # nodes 1, 2 (parent root, accepted) and 3 (parent 1, accepted); node 4's parent was rejected
@@ -376,7 +377,7 @@ def test_labels_auc_and_replay():
     assert pvt.auc(np.array([0.9, 0.1, 0.8]), y) == 1.0
     assert pvt.auc(np.array([0.1, 0.9, 0.2]), y) == 0.0
     assert pvt.auc(np.array([0.5, 0.5, 0.5]), y) == 0.5
-    sim = pvt.simulate(None, [rec], 0.0, t_verify=lambda n: 1.0, t_draft=lambda d: 0.0)
+    sim = pvr.simulate(None, [rec], 0.0, t_verify=lambda n: 1.0, t_draft=lambda d: 0.0)
     assert sim.tau == 3.0 and sim.bucket == 5  # every node kept: bucket N = 5
     assert sim.depth == 2 and sim.draft_len == 4
 
@@ -390,20 +391,20 @@ def test_fixed_subtree_replay():
     stats[:, col["depth"]] = [0, 1, 1, 2, 2]
     stats[:, col["rank"]] = [0, 0, 1, 0, 0]
     stats[:, col["cum_logq"]] = [0, -0.1, -1.0, -0.3, -1.2]
-    rec = pvt.StepRecord(parents=np.array([-1, 0, 0, 1, 2]), valid=np.ones(5, bool),
+    rec = pvr.StepRecord(parents=np.array([-1, 0, 0, 1, 2]), valid=np.ones(5, bool),
                          node_stats=stats, path=np.array([1, 3]))  # fmt: skip
-    np.testing.assert_array_equal(pvt.fixed_subtree(rec, 2, 2, 1), [1, 1, 0, 1, 0])
-    np.testing.assert_array_equal(pvt.fixed_subtree(rec, 2, 1, 2), [1, 1, 1, 0, 0])
-    np.testing.assert_array_equal(pvt.fixed_subtree(rec, 1, 2, 2), [1, 1, 0, 0, 0])
+    np.testing.assert_array_equal(pvr.fixed_subtree(rec, 2, 2, 1), [1, 1, 0, 1, 0])
+    np.testing.assert_array_equal(pvr.fixed_subtree(rec, 2, 1, 2), [1, 1, 1, 0, 0])
+    np.testing.assert_array_equal(pvr.fixed_subtree(rec, 1, 2, 2), [1, 1, 0, 0, 0])
     # node 4's parent (rank 1) is outside a top-1 tree, so node 4 is too
-    np.testing.assert_array_equal(pvt.fixed_subtree(rec, 4, 2, 1), [1, 1, 0, 1, 0])
+    np.testing.assert_array_equal(pvr.fixed_subtree(rec, 4, 2, 1), [1, 1, 0, 1, 0])
     costs = dict(t_verify=lambda n: float(n), t_draft=lambda d: 0.5 * d)
-    deep = pvt.simulate_fixed([rec], (2, 2, 1), **costs)
+    deep = pvr.simulate_fixed([rec], (2, 2, 1), **costs)
     assert deep.tau == 3.0 and deep.bucket == 3 and deep.seconds == 4.0
-    wide = pvt.simulate_fixed([rec], (2, 1, 2), **costs)
+    wide = pvr.simulate_fixed([rec], (2, 1, 2), **costs)
     assert wide.tau == 2.0 and wide.draft_len == 2 and wide.seconds == 3.5
     # pruning replayed on the small tree: without a pre-verifier it is the small tree itself
-    base = pvt.simulate(None, [rec], 0.0, base=(2, 1, 2), **costs)
+    base = pvr.simulate(None, [rec], 0.0, base=(2, 1, 2), **costs)
     assert base.tau == 2.0 and base.draft_len == 2 and base.bucket == 3 and base.depth == 1
 
 

@@ -35,6 +35,7 @@ RANKS = 4  # rank one-hot: 0, 1, 2, 3 or more
 FORMAT = "specjax-pre-verifier"
 VERSION = 1
 FOLDER = "pre_verifier"  # inside a drafter's checkpoint directory
+REPLAY = "replay.npz"  # recorded steps in FOLDER (specjax.pre_verifier_replay)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -108,7 +109,15 @@ class PreVerifier(nnx.Module):
     """P(node accepted | parent accepted) from the node's drafting statistics.
 
     The network shape, max_depth, block, buckets and the per-budget thresholds are static (part
-    of the compiled program); the single threshold is a Threshold variable (set_threshold)."""
+    of the compiled program); the single threshold is a Threshold variable (set_threshold).
+
+    thresholds_source says where the thresholds come from: "trained" (chosen under the costs of
+    the machine it was trained on), "this machine" (chosen again from replay_file under this
+    machine's costs: specjax.pre_verifier_local) or "set" (by the caller, never replaced).
+    replay_file: the recorded steps kept beside a loaded checkpoint, or None."""
+
+    replay_file: str | None = None
+    thresholds_source: str = "trained"
 
     def __init__(self, config: PreVerifierConfig = PreVerifierConfig(), *, rngs: nnx.Rngs):
         self.shape = dataclasses.replace(config, threshold=0.0)  # static part of the config
@@ -131,6 +140,15 @@ class PreVerifier(nnx.Module):
         self._store_threshold(threshold)
         if self.shape.budget_thresholds:
             self.shape = dataclasses.replace(self.shape, budget_thresholds=())
+        self.thresholds_source = "set"
+
+    def use_thresholds(self, threshold: float, budget_thresholds: dict, source: str) -> None:
+        """Replace the single threshold and the per-budget table ({draft nodes: threshold})."""
+        table = tuple(sorted((int(n), float(t)) for n, t in budget_thresholds.items()))
+        PreVerifierConfig(threshold=threshold, budget_thresholds=table)  # validates
+        self.shape = dataclasses.replace(self.shape, budget_thresholds=table)
+        self._store_threshold(threshold)
+        self.thresholds_source = source
 
     def _store_threshold(self, threshold: float) -> None:
         PreVerifierConfig(threshold=threshold)  # validates
@@ -184,6 +202,8 @@ class PreVerifier(nnx.Module):
         copy = nnx.clone(self)  # its own variables: the original keeps its threshold
         copy.shape = dataclasses.replace(config, threshold=0.0)
         copy._store_threshold(config.threshold)
+        if {"threshold", "budget_thresholds"} & set(changes):
+            copy.thresholds_source = "set"
         return copy
 
 
@@ -246,4 +266,6 @@ def load_pre_verifier(folder: str | Path) -> PreVerifier:
     state = nnx.state(pv, nnx.Param)
     nnx.replace_by_pure_dict(state, jax.tree.map(jnp.asarray, params))
     nnx.update(pv, state)
+    if (folder / REPLAY).exists():
+        pv.replay_file = str(folder / REPLAY)
     return pv
