@@ -163,6 +163,24 @@ def _cache_file(key: str, folder: Path, what: str = "verify") -> Path:
     return folder / "costs" / f"{what}-{digest}.json"
 
 
+def kept_record(key: str, what: str, version: int) -> tuple[Path, dict | None]:
+    """(the cache file of a choice made from measurements, its record): the record is None
+    unless the file holds one with this key and version (an unreadable file counts as none)."""
+    path = _cache_file(key, cache_dir(), what=what)
+    try:
+        record = json.loads(path.read_text()) if path.exists() else None
+    except (OSError, ValueError):
+        record = None
+    if record and (record.get("version") != version or record.get("key") != key):
+        record = None
+    return path, record
+
+
+def keep_record(path: Path, record: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1))
+
+
 def measure_verify_costs(
     target,
     *,

@@ -16,7 +16,6 @@ Output is exact either way (both paths are); only the speed differs.
 from __future__ import annotations
 
 import dataclasses
-import json
 import sys
 
 import numpy as np
@@ -120,15 +119,7 @@ def choose_hispec(target, hispec, prompts, *, sampling: SamplingConfig, max_new_
     if memo_key in _CHOSEN:
         return _CHOSEN[memo_key][0]
     cache_key = choice_key(target, hispec, batch=batch, mode=mode, context=context)
-    path = autotune._cache_file(cache_key, autotune.cache_dir(), what="hispec")
-    record = None
-    if path.exists():
-        try:
-            record = json.loads(path.read_text())
-        except (OSError, ValueError):
-            record = None
-        if record and (record.get("version") != FORMAT_VERSION or record.get("key") != cache_key):
-            record = None
+    path, record = autotune.kept_record(cache_key, "hispec", FORMAT_VERSION)
     if record is None:
         if announce:
             print(
@@ -138,8 +129,7 @@ def choose_hispec(target, hispec, prompts, *, sampling: SamplingConfig, max_new_
         ratio, tau = measure(target, hispec, prompts, sampling=sampling,
                              max_new_tokens=max_new_tokens, eos_id=eos_id, key=key)  # fmt: skip
         record = {"version": FORMAT_VERSION, "key": cache_key, "ratio": ratio, "tau": tau}
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(record, indent=1))
+        autotune.keep_record(path, record)
     choice = HiSpecChoice(
         use_hispec=record["ratio"] > 1.0, ratio=float(record["ratio"]), tau=float(record["tau"]),
         label=label_of(hispec),

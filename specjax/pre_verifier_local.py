@@ -98,15 +98,7 @@ def localize(target, drafter, *, announce: bool = True) -> dict | None:
     if not pending(pv):
         return None
     key = choice_key(target, drafter, pv)
-    path = autotune._cache_file(key, autotune.cache_dir(), what="thresholds")
-    record = None
-    if path.exists():
-        try:
-            record = json.loads(path.read_text())
-        except (OSError, ValueError):
-            record = None
-        if record and (record.get("version") != FORMAT_VERSION or record.get("key") != key):
-            record = None
+    path, record = autotune.kept_record(key, "thresholds", FORMAT_VERSION)
     if record is None:
         if announce:
             print(
@@ -117,8 +109,7 @@ def localize(target, drafter, *, announce: bool = True) -> dict | None:
         progress = autotune._print_progress if announce else None
         record = {"version": FORMAT_VERSION, "key": key,
                   **choose(target, drafter, pv, progress=progress)}  # fmt: skip
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(record, indent=1))
+        autotune.keep_record(path, record)
     table = {int(n): float(t) for n, t in record["table"].items()}
     pv.use_thresholds(float(record["threshold"]), table, SOURCE)
     return record
