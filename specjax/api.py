@@ -142,15 +142,8 @@ def _localize_pre_verifier(target, drafter, prompts, config, *, max_new_tokens, 
     pv = getattr(drafter, "pre_verifier", None)
     if not pre_verifier_local.pending(pv):
         return
-    check_sampling(sampling)
-    drafter.check_compatible(target)
-    check_eos(eos_id, target.config)
-    prepare_prompts(
-        prompts,
-        target.config,
-        max_new_tokens,
-        extra_slots=tree_reserve(config.tree.num_nodes, config.tree.max_depth),
-    )
+    extra = tree_reserve(config.tree.num_nodes, config.tree.max_depth)
+    _check_call(target, drafter, prompts, sampling, max_new_tokens, eos_id, extra)
     rule = config.resolved_rule(sampling, drafter.samples_children)
     if pruning_pre_verifier(drafter, config, rule) is not None:
         pre_verifier_local.localize(target, drafter)
@@ -174,12 +167,19 @@ def _autoregressive(target, prompts, choice, attn_impl, *, max_new_tokens, sampl
     return out.replace(stats=stats)
 
 
-def _choose_config(target, drafter, prompts, auto, sampling, max_new_tokens, eos_id):
-    """Validate what needs no tree, then choose the tree (specjax.choice.resolve_auto)."""
+def _check_call(target, drafter, prompts, sampling, max_new_tokens, eos_id, extra_slots):
+    """The call's input checked before anything is measured or compiled; the padded prompt ids."""
     check_sampling(sampling)
     drafter.check_compatible(target)
     check_eos(eos_id, target.config)
-    ids, _ = prepare_prompts(prompts, target.config, max_new_tokens, extra_slots=tree_reserve(1, 1))
+    ids, _ = prepare_prompts(prompts, target.config, max_new_tokens, extra_slots=extra_slots)
+    return ids
+
+
+def _choose_config(target, drafter, prompts, auto, sampling, max_new_tokens, eos_id):
+    """Validate what needs no tree, then choose the tree (specjax.choice.resolve_auto)."""
+    extra = tree_reserve(1, 1)
+    ids = _check_call(target, drafter, prompts, sampling, max_new_tokens, eos_id, extra)
     room = target.config.max_seq_len - ids.shape[1] - max_new_tokens - 1
     rows = [np.asarray(r) for r in prompts] if isinstance(prompts, list) else list(np.asarray(ids))
     # Costs are taken at about the cache length the call decodes in (specjax.choice.cost_context).
