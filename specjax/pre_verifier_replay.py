@@ -15,7 +15,7 @@ machine it was trained on.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import jax
@@ -241,26 +241,37 @@ def replay_thresholds(
     t_draft: Callable[[int, int], float],
     thresholds: tuple[float, ...] = THRESHOLDS,
     fixed_trees: tuple[tuple[int, int, int], ...] = FIXED_TREES,
+    min_gain: float = 1.0,
 ) -> ThresholdReplay:
     """Replay every threshold on the collection tree and on each small fixed tree, under the
     costs t_verify(n nodes) and t_draft(levels, topk) (seconds), and choose: one threshold per
     budget (the best replayed on that budget's tree; 0 keeps the tree whole, and wins ties as
-    it is listed first) and the overall best."""
+    it is listed first) and the overall best. min_gain > 1: a threshold that prunes is chosen
+    for a budget only when its replay beats that tree whole (threshold 0) by this factor, else
+    0 (thresholds must start with 0)."""
     nodes, _, topk = collection
+    if min_gain != 1.0 and (not thresholds or thresholds[0] != 0.0):
+        raise ValueError(f"min_gain needs thresholds that start with 0, got {thresholds}")
 
     def costs(k):
         return dict(t_verify=t_verify, t_draft=lambda levels: t_draft(levels, k))
+
+    def chosen(replays: Sequence[Simulated]) -> Simulated:
+        best = max(replays, key=lambda s: s.tokens_per_second)
+        whole = replays[0]  # threshold 0 when min_gain applies
+        if best.tokens_per_second < min_gain * whole.tokens_per_second:
+            return whole
+        return best
 
     unpruned = simulate(None, records, 0.0, **costs(topk))
     by_threshold = tuple(simulate(pv, records, t, **costs(topk)) for t in thresholds)
     fixed, pruned = {}, {}
     for tree in fixed_trees:
         fixed[tree] = simulate_fixed(records, tree, **costs(tree[2]))
-        pruned[tree] = max(
-            (simulate(pv, records, t, base=tree, **costs(tree[2])) for t in thresholds),
-            key=lambda s: s.tokens_per_second,
+        pruned[tree] = chosen(
+            [simulate(pv, records, t, base=tree, **costs(tree[2])) for t in thresholds]
         )
-    choices = {None: max(by_threshold, key=lambda s: s.tokens_per_second)} | pruned
+    choices = {None: chosen(by_threshold)} | pruned
     best_base = max(choices, key=lambda b: choices[b].tokens_per_second)
     table = {nodes: choices[None].threshold} | {t[0]: pruned[t].threshold for t in fixed_trees}
     return ThresholdReplay(

@@ -59,6 +59,19 @@ def test_replay_prunes_only_where_verifying_fewer_nodes_is_cheaper():
         t_verify=lambda n: 1.0, t_draft=lambda levels, k: 0.0,
     )  # fmt: skip
     assert flat.table == {4: 0.0}  # nothing to save: the whole tree (ties go to 0)
+    # pruning replays 5/4 = 1.25x the whole tree: taken under a margin below that, not above
+    for margin, table in ((1.2, {4: 0.02}), (1.3, {4: 0.0})):
+        chosen = pvr.replay_thresholds(
+            LogqPreVerifier(), recs, collection=(4, 2, 2), fixed_trees=(),
+            t_verify=lambda n: float(n), t_draft=lambda levels, k: 0.0, min_gain=margin,
+        )  # fmt: skip
+        assert chosen.table == table
+        assert chosen.best.bucket == (4 if table[4] else 5)
+    with pytest.raises(ValueError, match="start with 0"):
+        pvr.replay_thresholds(
+            LogqPreVerifier(), recs, collection=(4, 2, 2), fixed_trees=(), thresholds=(0.1, 0.0),
+            t_verify=lambda n: float(n), t_draft=lambda levels, k: 0.0, min_gain=1.1,
+        )  # fmt: skip
 
 
 def test_records_round_trip(tmp_path):
