@@ -22,7 +22,9 @@ drafter for the level above it, so a layer E with agreement a is scored by the s
 drafter of relative cost c would give (Leviathan et al.): max over k of
 (1 - a^(k+1)) / ((1 - a)(k c + 1)), c = the multiply-adds of layers [0, E) and the exit readout
 over the whole target's (layers and full LM head). The draft exit is the best-scoring layer at
-most L/4; the verify exit the best-scoring layer above it.
+most L/4; the verify exit the best-scoring layer above it. A run without such a pair (a sweep
+of upper layers, e.g. --layers 12 16 20 24 27 --out runs/x) reports agreement only and saves no
+heads.
 """
 
 from __future__ import annotations
@@ -204,15 +206,11 @@ def main(argv=None) -> int:
             log(f"layer {layer} {kind}: held-in {agree['held-in']:.3f} outside "
                 f"{agree['outside']:.3f} score {score:.2f} (k={k}) {train_s:.0f}s")  # fmt: skip
 
-    def best(rows):
-        return max(rows, key=lambda r: r["score"])
-
-    draft = best([r for r in results if r["layer"] <= cfg.n_layers / 4])
-    verify = best([r for r in results if r["layer"] > draft["layer"]])
-    chosen = {"draft": draft, "verify": verify}
+    chosen = choose_exits(results, cfg.n_layers)
     out_dir = Path(args.out or REPO / "checkpoints" / f"{args.target}-hispec")
-    save_exit_heads({r: heads[(c["layer"], c["kind"])] for r, c in chosen.items()}, out_dir,
-                    target=target, target_name=model_path.name)  # fmt: skip
+    if chosen is not None:
+        save_exit_heads({r: heads[(c["layer"], c["kind"])] for r, c in chosen.items()},
+                        out_dir, target=target, target_name=model_path.name)  # fmt: skip
 
     total_s = time.perf_counter() - t_start
     command = " ".join(["python experiments/train_exit_heads.py", *(argv or sys.argv[1:])])
@@ -248,12 +246,15 @@ def main(argv=None) -> int:
         "cross-entropy to the target's distribution over the exit vocabulary",
         f"- feature collection {collect_s:.0f}s; whole run {total_s / 60:.1f} min", "",
         *table, "",
-        f"Chosen: draft exit layer {draft['layer']} ({draft['kind']}), verify exit layer "
-        f"{verify['layer']} ({verify['kind']}). {why}", "",
+        _chosen_line(chosen, cfg.n_layers) + f" {why}", "",
     ])  # fmt: skip
     results_path = Path(args.results or RESULTS / f"exit_heads_{args.target}.md")
     results_path.parent.mkdir(parents=True, exist_ok=True)
     results_path.write_text(report)
+    print(report)
+    if chosen is None:
+        return 0
+    draft, verify = chosen["draft"], chosen["verify"]
     card = "\n".join([
         f"# HiSpec exit heads for {model_path.name}", "",
         f"- reproduce: `{command}` ({total_s / 60:.1f} min here)", header,
@@ -271,8 +272,31 @@ def main(argv=None) -> int:
         "",
     ])  # fmt: skip
     (out_dir / "CARD.md").write_text(card)
-    print(report)
     return 0
+
+
+def choose_exits(results: list[dict], n_layers: int) -> dict | None:
+    """The draft exit (the best score at a layer at most L/4) and the verify exit (the best
+    score above it), or None when the run trained no layer that can be a draft exit or none
+    above it (a sweep of upper layers, which reports agreement only)."""
+
+    def best(rows):
+        return max(rows, key=lambda r: r["score"]) if rows else None
+
+    draft = best([r for r in results if r["layer"] <= n_layers / 4])
+    if draft is None:
+        return None
+    verify = best([r for r in results if r["layer"] > draft["layer"]])
+    return None if verify is None else {"draft": draft, "verify": verify}
+
+
+def _chosen_line(chosen: dict | None, n_layers: int) -> str:
+    if chosen is None:
+        return (f"Chosen: none (no trained layer at most L/4 = {n_layers / 4:g} with one above "
+                "it; no heads saved).")  # fmt: skip
+    draft, verify = chosen["draft"], chosen["verify"]
+    return (f"Chosen: draft exit layer {draft['layer']} ({draft['kind']}), verify exit layer "
+            f"{verify['layer']} ({verify['kind']}).")  # fmt: skip
 
 
 if __name__ == "__main__":
