@@ -293,8 +293,7 @@ def main(argv=None) -> int:
         "Feature drafters (mdc, eagle) draft dynamic trees: `tree N/dD/topK` is N draft nodes "
         "at most D deep, expanding the top-K children of the best K frontier nodes per level "
         "(EAGLE-2 style, static shapes). Both kinds of a target were trained on the same "
-        "distillation data; their training steps are in checkpoints/*/CARD.md (SmolLM2: the "
-        "eagle 9,600, the mdc 4,800; experiments/train_drafters.py CLEAN_CHAT_STEPS).",
+        "distillation data; each one's training steps are in its checkpoints/*/CARD.md.",
         "`:noreuse` recomputes the hidden-state chain every step (reuse on is the default; the "
         "reuse table measures how many leading chain slots to recompute).",
         "`:nopv`: the drafter without its trained pre-verifier, so every row drafts and verifies "
