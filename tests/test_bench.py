@@ -153,8 +153,8 @@ def test_bench_tiny_model_table_and_plots(tiny_target, tmp_path):
     assert 2 * 7 <= emitted <= 2 * (7 + 2), greedy_spec.accepted_hist
     assert greedy_spec.tau == pytest.approx(emitted / sum(greedy_spec.accepted_hist), rel=0.3)
     assert rows[0].speedup == 1.0 and math.isnan(rows[3].greedy_equal)
-    # Compiling takes seconds, a compiled run of 16 tiny-model tokens milliseconds.
-    assert all(r.compile_s > max(r.runs_s) and r.tokens_per_s > 0 for r in rows), rows
+    # Every row timed its compile and its runs (their sizes are not tested: timing varies).
+    assert all(r.compile_s > 0 and min(r.runs_s) > 0 and r.tokens_per_s > 0 for r in rows), rows
 
     out = tmp_path / "bench.md"
     bench.write_markdown(rows, bench.device_header(dtype="float32"), out)

@@ -50,7 +50,6 @@ def assert_greedy_equal(target, drafter, prompts, batch, eos_id=None, max_new_to
     return float(np.mean(taus))
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("name", [STORIES260K_MDC, STORIES260K_EAGLE])
 def test_stories_drafter_loads_and_is_lossless(stories, name):
     drafter = specjax.load_drafter(shipped(name), stories.model)

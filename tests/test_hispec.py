@@ -14,9 +14,7 @@ from test_lossless_e2e import (
     N_ROWS,
     PROMPT,
     biased_chain_rule,
-    distribution_mismatch,
-    empirical_joint,
-    exact_joint,
+    check_rows,
     sharpened,
 )
 
@@ -144,23 +142,25 @@ def sharp_exit(layer, seed):
 
 
 def sampled_rows(target, seed=0):
-    """N_ROWS rows of 3 sampled tokens: draft exit at layer 1 and verify exit at layer 2 of 3."""
-    hispec = HiSpec(sharp_exit(1, 4), sharp_exit(2, 7), target, draft_len=2, buffer=2)
+    """N_ROWS rows of 4 sampled tokens: draft exit at layer 1 and verify exit at layer 2 of 3.
+    Four tokens: the prefill's, then a first round's 2 drafts and the verify exit's bonus token
+    when it accepts both, all judged by the target in the first flush."""
+    draft_len = 2
+    hispec = HiSpec(sharp_exit(1, 4), sharp_exit(2, 7), target, draft_len=draft_len, buffer=2)
     keys = jax.random.split(jax.random.key(seed), N_ROWS)
     out = specjax.speculative_generate(
-        target, hispec, [PROMPT] * N_ROWS, max_new_tokens=3,
+        target, hispec, [PROMPT] * N_ROWS, max_new_tokens=draft_len + 2,
         sampling=SamplingConfig(temperature=1.0), key=keys, config=ALWAYS,
     )  # fmt: skip
-    assert (np.asarray(out.lengths) == 3).all()
+    assert (np.asarray(out.lengths) == draft_len + 2).all()
     return np.asarray(out.tokens), {k: np.asarray(v) for k, v in out.stats.items()}
 
 
-# Under `slow` with the other end-to-end distribution tests (~40 s each on 2 cores).
-@pytest.mark.slow
+# In the default run (~35 s on 2 cores); its biased control is under `slow`.
 def test_sampled_distribution_matches_target(target):
     tokens, s = sampled_rows(target)
     sampling = SamplingConfig(temperature=1.0)
-    problem = distribution_mismatch(empirical_joint(tokens), exact_joint(target, sampling), N_ROWS)
+    problem = check_rows(tokens, target, sampling)
     assert problem is None, problem
     # Both levels accept and reject often enough for the check to see either rule.
     inter = s["intermediate_accepted"].sum() / s["intermediate_drafted"].sum()
@@ -182,7 +182,7 @@ def test_check_catches_a_biased_rule(target, monkeypatch):
     finally:
         hispec._hispec.clear_cache()
     sampling = SamplingConfig(temperature=1.0)
-    problem = distribution_mismatch(empirical_joint(tokens), exact_joint(target, sampling), N_ROWS)
+    problem = check_rows(tokens, target, sampling)
     assert problem is not None
 
 
@@ -252,4 +252,5 @@ def test_the_probe_times_both_methods_on_the_calls_prompts(lively):
         lively, lively_hispec(lively), RAGGED[:2], sampling=SamplingConfig(),
         max_new_tokens=12, eos_id=None, key=None,
     )  # fmt: skip
-    assert 0.0 < ratio < 100.0 and 1.0 <= tau <= 1.0 + lively_hispec(lively).slots
+    assert np.isfinite(ratio) and ratio > 0.0  # a measured time ratio; its size is not tested
+    assert 1.0 <= tau <= 1.0 + lively_hispec(lively).slots

@@ -2,8 +2,11 @@
 
 A tiny random target with an 8-token vocabulary is drafted by an unrelated tiny random model (so
 drafts are accepted often but far from always). The empirical
-joint distribution of the first three generated tokens over many independent rows is compared
-with the exact target distribution, computed by enumerating all 8^3 continuations.
+joint distribution of the first depth + 2 generated tokens over many independent rows is compared
+with the exact target distribution, computed by enumerating every continuation of that length
+(8^4 for depth-2 drafts). depth + 2 because the first token comes from the prefill: a first step
+that accepts its whole draft emits depth drafted tokens and then the bonus token, which the
+target samples at the deepest node; fewer observed tokens would never look at that token.
 
 Sample size and significance: 120,000 rows. A cell with probability p has standard error
 sqrt(p (1 - p) / n) <= 0.0015, so a 2% absolute bias in any cell is > 13 standard errors; the test
@@ -11,6 +14,8 @@ fails if any cell deviates by more than 0.01 (6.9 standard errors at worst, so a
 with probability < 1e-9 per cell) or if a chi-square test over cells with expected count >= 5
 (the rest pooled) rejects at p < 1e-4. Seeds are fixed, so the result is deterministic.
 """
+
+import itertools
 
 import jax
 import jax.numpy as jnp
@@ -61,12 +66,19 @@ def drafter():
     return LMDrafter(sharpened(draft_cfg, 11, 2.0))
 
 
-def exact_joint(target, sampling: SamplingConfig) -> np.ndarray:
-    """P(x1, x2, x3 | PROMPT) after the sampling transform, shape [V, V, V], by enumeration."""
+def observed_tokens(tree: TreeConfig) -> int:
+    """Tokens a distribution check must observe to see the bonus token after a first step that
+    accepts every drafted token: the prefill's token, max_depth drafts, the bonus."""
+    return tree.max_depth + 2
+
+
+def exact_joint(target, sampling: SamplingConfig, n_tokens: int = 3, prompt=PROMPT) -> np.ndarray:
+    """P(x_1..x_n | prompt) after the sampling transform, flat [V**n] indexed by the base-V code
+    of the sequence (x_1 most significant), by enumeration."""
     from specjax.cache import init_cache
     from specjax.tree import causal_mask
 
-    seqs = np.array([PROMPT + [a, b, c] for a in range(V) for b in range(V) for c in range(V)])
+    seqs = np.array([list(prompt) + list(c) for c in itertools.product(range(V), repeat=n_tokens)])
     t = seqs.shape[1]
     logits = target(
         jnp.asarray(seqs),
@@ -74,21 +86,31 @@ def exact_joint(target, sampling: SamplingConfig) -> np.ndarray:
         cache=init_cache(CFG, len(seqs), t),
         tree_mask=causal_mask(len(seqs), t),
     ).logits
-    probs = np.asarray(apply_sampling(logits, sampling))  # [V^3, T, V]
-    k = len(PROMPT)
+    probs = np.asarray(apply_sampling(logits, sampling))  # [V^n, T, V]
+    k = len(prompt)
     joint = np.ones(len(seqs))
-    for i in range(3):
+    for i in range(n_tokens):
         joint *= probs[np.arange(len(seqs)), k - 1 + i, seqs[:, k + i]]
-    return joint.reshape(V, V, V)
+    return joint
+
+
+def sequence_codes(tokens: np.ndarray) -> np.ndarray:
+    """Base-V code of each row's tokens [rows, n] -> [rows] (the first token most significant)."""
+    return tokens.astype(np.int64) @ (V ** np.arange(tokens.shape[1] - 1, -1, -1))
 
 
 def empirical_joint(tokens: np.ndarray) -> np.ndarray:
-    idx = tokens[:, 0] * V * V + tokens[:, 1] * V + tokens[:, 2]
-    return np.bincount(idx, minlength=V**3).reshape(V, V, V) / len(tokens)
+    """Frequencies of the rows' sequences [rows, n] -> flat [V**n] (as exact_joint)."""
+    counts = np.bincount(sequence_codes(tokens), minlength=V ** tokens.shape[1])
+    return counts / len(tokens)
 
 
 def distribution_mismatch(emp: np.ndarray, exact: np.ndarray, n: int) -> str | None:
     """None if emp is consistent with exact, else a description of the failure."""
+    assert emp.shape == exact.shape, (emp.shape, exact.shape)
+    leaked = float(emp[exact == 0].sum())
+    if leaked > 0:  # the chi-square below drops these cells, so check them first
+        return f"{leaked:.2e} of the rows emitted sequences the target gives probability 0"
     dev = float(np.max(np.abs(emp - exact)))
     if dev > MAX_CELL_DEV:
         return f"max cell deviation {dev:.4f} > {MAX_CELL_DEV}"
@@ -105,23 +127,32 @@ def distribution_mismatch(emp: np.ndarray, exact: np.ndarray, n: int) -> str | N
     return None
 
 
-def run_rows(target, drafter, config, sampling, seed=0):
+def run_rows(target, drafter, config, sampling, seed=0, prompt=PROMPT):
+    """N_ROWS sampled rows of observed_tokens(config.tree) tokens: (tokens [rows, n], stats)."""
+    n_tokens = observed_tokens(config.tree)
     keys = jax.random.split(jax.random.key(seed), N_ROWS)
     out = specjax.speculative_generate(
         target,
         drafter,
-        [PROMPT] * N_ROWS,
-        max_new_tokens=3,
+        [list(prompt)] * N_ROWS,
+        max_new_tokens=n_tokens,
         config=config,
         sampling=sampling,
         key=keys,
     )
-    assert (np.asarray(out.lengths) == 3).all()
+    assert (np.asarray(out.lengths) == n_tokens).all()
     return np.asarray(out.tokens), out.stats
 
 
-# Depth-2 drafts: three tokens need one step when everything is accepted and two or three steps
-# otherwise, so the KV commit and the drafter's state after a rejection are exercised too.
+def check_rows(tokens: np.ndarray, target, sampling: SamplingConfig, prompt=PROMPT) -> str | None:
+    """distribution_mismatch of the rows' tokens [rows, n] against the target's exact joint."""
+    exact = exact_joint(target, sampling, tokens.shape[1], prompt)
+    return distribution_mismatch(empirical_joint(tokens), exact, len(tokens))
+
+
+# Depth-2 drafts: four tokens need one step when everything is accepted (the last one is the
+# bonus token) and two to four steps otherwise, so the KV commit and the drafter's state after
+# a rejection are exercised too.
 CASES = {
     "chain": (TreeConfig.chain(2), SamplingConfig(temperature=1.0)),
     "hsd": (TreeConfig.chain(2), SamplingConfig(temperature=1.0)),
@@ -130,16 +161,17 @@ CASES = {
 }
 
 
-# The default run keeps the chain rule end to end (each rule alone is checked exactly in
-# test_verify.py, and the one-hot tree rule end to end with the feature drafters); the other
-# rules' end-to-end runs are under `slow`.
+# The default run keeps the chain, HSD and sampled-tree rules end to end (each rule alone is
+# checked exactly in test_verify.py, and the one-hot tree rule end to end with the feature
+# drafters and the pre-verifier); the one-hot tree's run here is under `slow`.
 @pytest.mark.parametrize(
-    "rule", ["chain"] + [pytest.param(r, marks=pytest.mark.slow) for r in CASES if r != "chain"]
+    "rule",
+    [r if r != "tree_onehot" else pytest.param(r, marks=pytest.mark.slow) for r in CASES],
 )
 def test_speculative_sampling_matches_target_distribution(target, drafter, rule, optimized_loop):
     tree, sampling = CASES[rule]
     tokens, stats = run_rows(target, drafter, SpecConfig(tree=tree, rule=rule), sampling)
-    problem = distribution_mismatch(empirical_joint(tokens), exact_joint(target, sampling), N_ROWS)
+    problem = check_rows(tokens, target, sampling)
     assert problem is None, problem
     # The test is only meaningful if drafts are sometimes accepted and sometimes rejected.
     hist = np.asarray(stats["accepted_hist"]).sum(0)
@@ -151,13 +183,36 @@ def test_fallback_to_plain_steps_keeps_the_target_distribution(target, drafter, 
     in the same loop for the rest: the joint distribution is still the target's."""
     config = SpecConfig(tree=TreeConfig(branching=(2, 1)), fallback_tau=10.0, fallback_after=1)
     tokens, stats = run_rows(target, drafter, config, SamplingConfig(temperature=1.0), seed=2)
-    exact = exact_joint(target, SamplingConfig(temperature=1.0))
-    problem = distribution_mismatch(empirical_joint(tokens), exact, N_ROWS)
+    problem = check_rows(tokens, target, SamplingConfig(temperature=1.0))
     assert problem is None, problem
     calls, plain = np.asarray(stats["target_calls"]), np.asarray(stats["plain_steps"])
     np.testing.assert_array_equal(calls - plain, 1)  # the first step alone speculated
-    # Both kinds of step emitted tokens: some rows needed plain steps, some finished in one.
-    assert 0.05 < (plain > 0).mean() < 0.95, (plain > 0).mean()
+    # Both kinds of step emitted tokens: most rows needed plain steps, some (those that
+    # accepted the whole draft, ~3%) finished in one.
+    assert 0.01 < (plain > 0).mean() < 0.99, (plain > 0).mean()
+
+
+def test_sampling_at_the_end_of_the_cache(optimized_loop):
+    """The same check where a row's last step writes the cache's last slots: prompt + new
+    tokens + the tree's reserved slots = max_seq_len (the module's models with a 12-slot cache,
+    so that 120,000 rows fit in memory)."""
+    from specjax.cache import tree_reserve
+
+    short = ModelConfig(**{**CFG.__dict__, "max_seq_len": 12})
+    target = sharpened(short, 3, 3.0)
+    drafter = LMDrafter(sharpened(ModelConfig(**{**short.__dict__, "n_layers": 1}), 11, 2.0))
+    tree = TreeConfig.chain(2)
+    width = short.max_seq_len - observed_tokens(tree) - tree_reserve(tree.num_nodes, tree.max_depth)
+    prompt = PROMPT + [(3 * i + 1) % V for i in range(width - len(PROMPT))]
+    sampling = SamplingConfig(temperature=1.0)
+    config = SpecConfig(tree=tree, rule="chain")
+    tokens, _ = run_rows(target, drafter, config, sampling, seed=3, prompt=prompt)
+    problem = check_rows(tokens, target, sampling, prompt)
+    assert problem is None, problem
+    with pytest.raises(ValueError, match="prompt too long for the cache"):  # one token more
+        specjax.speculative_generate(
+            target, drafter, [prompt + [1]], max_new_tokens=observed_tokens(tree), config=config
+        )
 
 
 @pytest.mark.slow
@@ -170,23 +225,35 @@ def test_sampling_transform_is_applied_to_both_sides(target, drafter):
         sampling,
         seed=1,
     )
-    problem = distribution_mismatch(empirical_joint(tokens), exact_joint(target, sampling), N_ROWS)
+    problem = check_rows(tokens, target, sampling)
     assert problem is None, problem
 
 
 def test_check_catches_a_biased_distribution(target):
-    """The same check rejects samples from a distribution with one 2% shift between two cells."""
+    """The same check rejects samples from a distribution with one 2% shift between two cells
+    (four tokens, as the depth-2 cases observe), and passes samples of the exact one."""
     sampling = SamplingConfig(temperature=1.0)
-    exact = exact_joint(target, sampling)
-    biased = exact.ravel().astype(np.float64)
-    biased /= biased.sum()
+    n_tokens = 4
+    exact = exact_joint(target, sampling, n_tokens)
+    digits = V ** np.arange(n_tokens - 1, -1, -1)
+    rng = np.random.default_rng(0)
+
+    def rows_from(dist):
+        draws = rng.choice(V**n_tokens, size=N_ROWS, p=dist / dist.sum())
+        return (draws[:, None] // digits) % V
+
+    assert distribution_mismatch(empirical_joint(rows_from(exact)), exact, N_ROWS) is None
+    biased = exact.astype(np.float64) / exact.sum()
     hi, lo = np.argsort(biased)[-1], np.argsort(biased)[-2]
     biased[hi] -= 0.02
     biased[lo] += 0.02
-    rng = np.random.default_rng(0)
-    draws = rng.choice(V**3, size=N_ROWS, p=biased)
-    tokens = np.stack([draws // (V * V), (draws // V) % V, draws % V], axis=1)
-    assert distribution_mismatch(empirical_joint(tokens), exact, N_ROWS) is not None
+    assert distribution_mismatch(empirical_joint(rows_from(biased)), exact, N_ROWS) is not None
+    # Mass on a sequence the target never emits is caught however small it is.
+    leaky = exact.copy()
+    leaky[np.argmin(exact)] = 0.0
+    rows = rows_from(exact)
+    rows[0] = (np.argmin(exact) // digits) % V
+    assert "probability 0" in distribution_mismatch(empirical_joint(rows), leaky, N_ROWS)
 
 
 def biased_chain_rule(tree, p, key, max_depth):
@@ -221,5 +288,4 @@ def test_end_to_end_check_catches_a_biased_rule(target, drafter, monkeypatch):
         tokens, _ = run_rows(target, drafter, SpecConfig(tree=tree, rule="chain"), sampling)
     finally:
         speculative._speculative.clear_cache()
-    problem = distribution_mismatch(empirical_joint(tokens), exact_joint(target, sampling), N_ROWS)
-    assert problem is not None
+    assert check_rows(tokens, target, sampling) is not None

@@ -18,9 +18,8 @@ from test_lossless_e2e import (
     CFG,
     N_ROWS,
     PROMPT,
-    distribution_mismatch,
-    empirical_joint,
-    exact_joint,
+    check_rows,
+    observed_tokens,
     sharpened,
 )
 
@@ -249,24 +248,23 @@ def test_sampled_children_are_never_pruned(target):
     np.testing.assert_allclose(np.asarray(out.stats["verified_nodes"]), 4.0)
 
 
-@pytest.mark.slow
 def test_sampling_with_pruning_matches_target_distribution():
     """Deterministic (top-k) children pruned by the pre-verifier, sampled decoding (the one-hot
-    tree rule): the first three tokens follow the target's exact distribution (the project's
-    exact-enumeration check, test_lossless_e2e), while the pre-verifier keeps more nodes in
-    some steps than in others."""
+    tree rule): the first depth + 2 tokens follow the target's exact distribution (the
+    project's exact-enumeration check, test_lossless_e2e), while the pre-verifier keeps more
+    nodes in some steps than in others."""
     target = sharpened(CFG, 3, 3.0)
     drafter = LMDrafter(sharpened(ModelConfig(**{**CFG.__dict__, "n_layers": 1}), 11, 2.0))
     drafter.pre_verifier = random_pre_verifier(0.2, seed=2)
     sampling = SamplingConfig(temperature=1.0)
     keys = jax.random.split(jax.random.key(0), N_ROWS)
+    tree = TreeConfig(branching=(2, 1))
     out = specjax.speculative_generate(
-        target, drafter, [PROMPT] * N_ROWS, max_new_tokens=3,
-        config=SpecConfig(tree=TreeConfig(branching=(2, 1)), rule="tree_onehot"),
-        sampling=sampling, key=keys,
+        target, drafter, [PROMPT] * N_ROWS, max_new_tokens=observed_tokens(tree),
+        config=SpecConfig(tree=tree, rule="tree_onehot"), sampling=sampling, key=keys,
     )  # fmt: skip
     tokens = np.asarray(out.tokens)
-    problem = distribution_mismatch(empirical_joint(tokens), exact_joint(target, sampling), N_ROWS)
+    problem = check_rows(tokens, target, sampling)
     assert problem is None, problem
     # The pre-verifier keeps different numbers of nodes from step to step (it really decides).
     kept = np.asarray(out.stats["draft_len_hist"]).sum(0)
@@ -442,7 +440,9 @@ def test_greedy_unchanged_with_bucket_costs(target):
     """The per-step bucket chosen from costs (bucket_by_cost) leaves greedy output unchanged and
     does pick different buckets."""
     drafter = make_drafter("eagle", target, seed=5)
-    costs = ((1, 1.0), (4, 1.3), (8, 1.4), (16, 3.0))
+    # Costs under which 8 and 16 nodes score nearly alike for this drafter (whose kept nodes'
+    # path probabilities are near 1), so the choice changes from step to step.
+    costs = ((1, 1.0), (4, 1.6), (8, 2.0), (16, 3.9))
     drafter.pre_verifier = random_pre_verifier(0.01, seed=6, costs=costs)
     ref = specjax.generate(target, PROMPTS, max_new_tokens=21)
     out = specjax.speculative_generate(
@@ -450,8 +450,11 @@ def test_greedy_unchanged_with_bucket_costs(target):
         config=SpecConfig(tree=TreeConfig.dynamic(15, 5, 3)),
     )  # fmt: skip
     np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
-    verified = np.asarray(out.stats["verified_nodes"])
+    verified = np.asarray(out.stats["verified_nodes"])  # [B] mean verified nodes per step
     assert np.all(verified >= 1) and np.all(verified <= 16)
+    # Different buckets were chosen: a row verifying one bucket at every step would read that
+    # bucket, so a mean strictly between 8 and 16 means more than one size was verified.
+    assert np.all((verified > 8) & (verified < 16)), verified
 
 
 @pytest.mark.slow
@@ -468,14 +471,13 @@ def test_pruning_sampled_children_would_be_caught(monkeypatch):
     monkeypatch.setattr(speculative.SpeculativeLoop, "pre_verifier", forced)
     speculative._speculative.clear_cache()
     sampling = SamplingConfig(temperature=1.0)
+    tree = TreeConfig.chain(2)
     try:
         out = specjax.speculative_generate(
-            target, drafter, [PROMPT] * N_ROWS, max_new_tokens=3,
-            config=SpecConfig(tree=TreeConfig.chain(2), rule="chain"), sampling=sampling,
+            target, drafter, [PROMPT] * N_ROWS, max_new_tokens=observed_tokens(tree),
+            config=SpecConfig(tree=tree, rule="chain"), sampling=sampling,
             key=jax.random.split(jax.random.key(0), N_ROWS),
         )  # fmt: skip
     finally:
         speculative._speculative.clear_cache()
-    tokens = np.asarray(out.tokens)
-    problem = distribution_mismatch(empirical_joint(tokens), exact_joint(target, sampling), N_ROWS)
-    assert problem is not None  # measured: max cell deviation 0.05
+    assert check_rows(np.asarray(out.tokens), target, sampling) is not None

@@ -23,7 +23,9 @@ RAGGED = [[1, 5, 7], [1, 2, 3, 4, 5, 6, 7, 8], [3], [9, 9, 2, 11, 4]]
 
 @pytest.fixture(scope="module")
 def tiny_pair():
-    target = specjax.Llama(TINY, rngs=nnx.Rngs(0))
+    # Weights x3: at initialisation scale TINY repeats one token and every draft is accepted.
+    graph, state = nnx.split(specjax.Llama(TINY, rngs=nnx.Rngs(0)))
+    target = nnx.merge(graph, jax.tree.map(lambda x: x * 3.0 if x.ndim >= 2 else x, state))
     # A drafter that agrees with the target often but not always: the target's own first layer.
     return target, LMDrafter.self_draft(1)
 
@@ -38,8 +40,10 @@ def test_greedy_equals_generate_tiny(tiny_pair, tree):
     np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
     np.testing.assert_array_equal(np.asarray(out.lengths), np.asarray(ref.lengths))
     assert_stats_consistent(out, TREES[tree].max_depth + 1)
-    # The target's own first layer drafts well for this model: most steps accept drafts.
-    assert (np.asarray(out.stats["tau"]) > 2).all(), out.stats["tau"]
+    # Steps end at every stage: rejections at the first draft, and whole drafts accepted (the
+    # bonus token's K/V and the commit of a full path), so greedy equality covers both.
+    hist = np.asarray(out.stats["accepted_hist"]).sum(0)
+    assert hist[0] > 0 and hist[-1] > 0, hist
 
 
 def assert_stats_consistent(out, path_slots: int) -> None:

@@ -3,17 +3,19 @@ vectorised samples (and HSD also by exact enumeration), HSD's gain over token-wi
 row independence, and the sampling transform.
 
 The tiny world: a "target" p(x_t | prefix) and a "drafter" q(x_t | prefix) over V = 4 tokens,
-random tables indexed by the whole prefix (all prefixes up to length 3), so the exact target joint
+random tables indexed by the whole prefix (all prefixes up to length 4), so the exact target joint
 of the first L emitted tokens is known by enumeration. Each check draws drafts from q (chains,
 i.i.d. trees, or distinct top-k-like children), computes p at the nodes, runs the rule, takes the
 emitted sequence (accepted tokens + extra token), extends it by sampling directly from the target
 when it is shorter than L, and compares the empirical joint of the first L tokens with the exact
-joint.
+joint. L = K + 1, so the bonus token a rule draws after accepting the whole draft is part of what
+is compared (a biased bonus is a negative control below).
 
 Decision rule (fixed seeds, stated up front): a rule passes when the chi-square p-value is > 1e-4
 (cells with expected count < 5 pooled) AND the largest absolute cell difference is < 0.005.
 Sample size n = 2**18 = 262144: every cell frequency has standard error <= sqrt(0.25 / n) =
-0.00098, so the 0.005 bound is > 5 standard errors (chance of a false alarm over 64 cells ~ 1e-5),
+0.00098, so the 0.005 bound is > 5 standard errors (chance of a false alarm over 256 cells
+~ 1e-4),
 while an absolute bias of 0.02 (2%) in any cell is > 20 standard errors and fails both checks
 (it alone adds n * 0.02**2 / pi >= 105 to the chi-square statistic, pi <= 1 the cell probability).
 """
@@ -43,7 +45,7 @@ from specjax.verify.rejection import chain_path, prefix_all
 
 V = 4  # vocabulary of the tiny world
 K = 3  # draft depth (chain length, tree depth)
-L = 3  # compare the joint distribution of the first L emitted tokens
+L = K + 1  # compare the joint distribution of the first L emitted tokens (the bonus included)
 N_SAMPLES = 2**18
 P_VALUE_MIN = 1e-4
 MAX_ABS_TOL = 0.005
@@ -247,14 +249,26 @@ def biased_chain(tree: DraftTree, p, key, max_depth: int) -> Acceptance:
     return Acceptance(path=chain_path(n_acc, max_depth), n_accepted=n_acc, next_token=nxt)
 
 
+def biased_bonus_chain(tree: DraftTree, p, key, max_depth: int) -> Acceptance:
+    """Deliberately wrong only after a fully accepted draft: the bonus token is drawn from the
+    drafter's distribution at the deepest node instead of the target's. A check that observes
+    fewer than K + 1 emitted tokens never sees that token."""
+    acc = verify_chain(tree, p, key, max_depth)
+    bonus_keys = jax.vmap(lambda kk: jax.random.fold_in(kk, 7))(key)
+    wrong = jax.vmap(sample)(bonus_keys, tree.draft_dist[:, max_depth])
+    full = acc.n_accepted == max_depth
+    return acc.replace(next_token=jnp.where(full, wrong, acc.next_token))
+
+
 DRAFT_KIND = {
     "chain": "chain",
     "hsd": "chain",
     "biased": "chain",
+    "biased_bonus": "chain",
     "tree_sampled": "tree_sampled",
     "tree_onehot": "tree_onehot",
 }
-RULE_FN = dict(RULES, biased=biased_chain)
+RULE_FN = dict(RULES, biased=biased_chain, biased_bonus=biased_bonus_chain)
 
 
 def _simulate_impl(key, p_table, q_table, keep_prob, *, rule: str, n: int):
@@ -315,6 +329,15 @@ def test_biased_rule_fails_the_check():
     p_value, max_abs = lossless_stats(codes, p_table)
     assert not passes(p_value, max_abs)
     assert p_value < 1e-12 and max_abs > MAX_ABS_TOL  # rejected by both criteria, not marginally
+
+
+def test_biased_bonus_token_fails_the_check():
+    """A rule that is right except for the bonus token after a fully accepted draft fails."""
+    codes, n_acc = simulate("biased_bonus", world_seed=1)
+    p_table, _ = make_world(1)
+    p_value, max_abs = lossless_stats(codes, p_table)
+    assert (n_acc == K).mean() > 0.1  # the wrong token is drawn in many rows
+    assert p_value < 1e-12, (p_value, max_abs)
 
 
 # ---------------------------------------------------------------------------------------------
