@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
+import shlex
 import sys
 from pathlib import Path
 
@@ -160,13 +161,24 @@ def override(obj, assignments: list[str], what: str):
     return dataclasses.replace(obj, **changes)
 
 
+def _shell_word(word: str) -> str:
+    """`word` as one shell word: bare when it can be, in double quotes when it holds nothing a
+    shell expands there (recipe values such as "extra_sets=(('a', 64),)" read as written)."""
+    if word and all(c.isalnum() or c in "_=.,:/+-" for c in word):
+        return word
+    if not any(c in word for c in '"$`\\!'):
+        return f'"{word}"'
+    return shlex.quote(word)
+
+
 def _command(name: str, args) -> str:
     """The command line that reproduces drafter `name` with these arguments (for its card)."""
     words = ["python experiments/train_drafters.py --only", name]
     if args.steps:
         words.append(f"--steps {args.steps}")
-    words += [f"--extra {e}" for e in args.extra]
-    words += [f"--train {t}" for t in args.train] + [f"--recipe {r}" for r in args.recipe]
+    words += [f"--extra {_shell_word(e)}" for e in args.extra]
+    words += [f"--train {_shell_word(t)}" for t in args.train]
+    words += [f"--recipe {_shell_word(r)}" for r in args.recipe]
     return " ".join(words)
 
 
