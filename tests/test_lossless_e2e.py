@@ -192,6 +192,28 @@ def test_fallback_to_plain_steps_keeps_the_target_distribution(target, drafter, 
     assert 0.01 < (plain > 0).mean() < 0.99, (plain > 0).mean()
 
 
+def test_ragged_batch_rows_each_follow_their_own_prompt(target, drafter, optimized_loop):
+    """Rows of two prompt lengths interleaved in one batch (left padding, per-row lengths and
+    keys): each group's tokens follow the exact joint given its own prompt. Half the rows per
+    group, so the cell bound is ~5 standard errors at worst."""
+    tree = TreeConfig.chain(2)
+    n_tokens = observed_tokens(tree)
+    other = [4, 4, 1, 7, 3, 6]
+    prompts = [PROMPT if i % 2 == 0 else other for i in range(N_ROWS)]
+    sampling = SamplingConfig(temperature=1.0)
+    out = specjax.speculative_generate(
+        target, drafter, prompts, max_new_tokens=n_tokens, sampling=sampling,
+        config=SpecConfig(tree=tree, rule="chain"),
+        key=jax.random.split(jax.random.key(4), N_ROWS),
+    )  # fmt: skip
+    tokens = np.asarray(out.tokens)
+    for group, prompt in ((tokens[0::2], PROMPT), (tokens[1::2], other)):
+        problem = check_rows(group, target, sampling, prompt)
+        assert problem is None, (prompt, problem)
+    # Control: rows decoded as if they had the other prompt would be caught.
+    assert check_rows(tokens[0::2], target, sampling, other) is not None
+
+
 def test_sampling_at_the_end_of_the_cache(optimized_loop):
     """The same check where a row's last step writes the cache's last slots: prompt + new
     tokens + the tree's reserved slots = max_seq_len (the module's models with a 12-slot cache,
