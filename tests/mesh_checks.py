@@ -28,6 +28,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
+from lively_models import lively_llama
 
 import specjax
 from specjax import decode, speculative
@@ -58,13 +59,6 @@ MAX_NEW = 12
 SAMPLED = SamplingConfig(temperature=1.0)
 
 
-def sharpened(cfg: ModelConfig, seed: int) -> specjax.Llama:
-    """A random model with weights x3: at init scale its greedy tokens are nearly constant."""
-    model = specjax.Llama(cfg, rngs=nnx.Rngs(seed))
-    graphdef, state = nnx.split(model)
-    return nnx.merge(graphdef, jax.tree.map(lambda x: x * 3 if x.ndim >= 2 else x, state))
-
-
 def feature_drafter(target, kind: str = "mdc") -> HiddenStateDrafter | EagleDrafter:
     cfg = DrafterConfig(kind=kind, target=target.config, draft_vocab_size=CFG.vocab_size)
     net = DrafterNet(cfg, np.arange(CFG.vocab_size), rngs=nnx.Rngs(7), target=target)
@@ -78,10 +72,10 @@ def run(check: str, target, sampling: SamplingConfig, attn_impl: str):
     if check == "generate":
         return specjax.generate(target, PROMPTS, attn_impl=attn_impl, **kwargs)
     if check == "spec_lm":
-        drafter = LMDrafter(sharpened(DRAFT_CFG, 5))
+        drafter = LMDrafter(lively_llama(DRAFT_CFG, 5))
         config = SpecConfig(tree=TreeConfig(branching=(2, 1, 1)), attn_impl=attn_impl)
     elif check == "spec_lm_split":  # the draft model split over 'model' like the target
-        draft = sharpened(DRAFT_CFG, 5)
+        draft = lively_llama(DRAFT_CFG, 5)
         mesh = specjax.sharding.mesh_of(nnx.state(target))
         drafter = LMDrafter(draft if mesh is None else specjax.shard_model(draft, mesh))
         config = SpecConfig(tree=TreeConfig(branching=(2, 1, 1)), attn_impl=attn_impl)
@@ -112,10 +106,10 @@ def run(check: str, target, sampling: SamplingConfig, attn_impl: str):
             verifier=specjax.EarlyExitVerifier(head, target), **kwargs,
         )  # fmt: skip
     elif check == "spec_hsd":
-        drafter = LMDrafter(sharpened(DRAFT_CFG, 5))
+        drafter = LMDrafter(lively_llama(DRAFT_CFG, 5))
         config = SpecConfig(tree=TreeConfig.chain(3), rule="hsd", attn_impl=attn_impl)
     elif check == "spec_tree_sampled":
-        drafter = LMDrafter(sharpened(DRAFT_CFG, 5))
+        drafter = LMDrafter(lively_llama(DRAFT_CFG, 5))
         config = SpecConfig(
             tree=TreeConfig(branching=(2, 1, 1)), rule="tree_sampled", attn_impl=attn_impl
         )
@@ -189,7 +183,7 @@ def check_load(mesh, hf_dir: Path, ref_tokens) -> None:
 
 def check_errors(mesh) -> None:
     """Bad input is refused before anything compiles, with the reason."""
-    target = specjax.shard_model(sharpened(CFG, 0), mesh)
+    target = specjax.shard_model(lively_llama(CFG, 0), mesh)
     try:
         specjax.generate(target, PROMPTS[:3], max_new_tokens=4)
     except ValueError as e:
@@ -224,14 +218,14 @@ def check_checkpoints(mesh, other_mesh, tmp: Path) -> None:
     from specjax.train import sharded_checkpoint as sc
     from specjax.train.trainer import TrainConfig, make_optimizer
 
-    target = specjax.shard_model(sharpened(CFG, 0), mesh)
+    target = specjax.shard_model(lively_llama(CFG, 0), mesh)
     sc.save_target(tmp / "target", target)
     for where in (other_mesh, None):
         back = sc.load_target(tmp / "target", mesh=where)
         chex.assert_trees_all_equal(canonical_weights(target), canonical_weights(back))
         if where is not None:
             assert_weights_sharded(back, where)
-    net = feature_drafter(sharpened(CFG, 0)).net
+    net = feature_drafter(lively_llama(CFG, 0)).net
     params = nnx.state(net, nnx.Param)
     state = specjax.sharding.replicate(
         {"params": params, "opt": make_optimizer(TrainConfig(steps=2)).init(params)}, mesh
@@ -260,14 +254,14 @@ def check_training(mesh) -> None:
     cfg = TrainConfig(steps=3, batch=8, warmup=1, levels=2)
     trained = []
     for where in (None, mesh):
-        target = sharpened(CFG, 0)
+        target = lively_llama(CFG, 0)
         net = feature_drafter(target).net
         parts = target_parts(target, net.draft_vocab[...])
         train(net, parts, data, cfg, mesh=where)
         trained.append(nnx.state(net, nnx.Param))
     leaves = jax.tree.leaves(trained[1])
     assert any(isinstance(x.sharding, NamedSharding) for x in leaves), "not trained on the mesh"
-    before = jax.tree.leaves(nnx.state(feature_drafter(sharpened(CFG, 0)).net, nnx.Param))
+    before = jax.tree.leaves(nnx.state(feature_drafter(lively_llama(CFG, 0)).net, nnx.Param))
     moved = max(float(np.abs(np.asarray(a) - np.asarray(b)).max()) for a, b in
                 zip(jax.tree.leaves(trained[0]), before, strict=True))  # fmt: skip
     assert moved > 1e-4, "training did not change the drafter"
@@ -326,7 +320,7 @@ def main() -> None:
     refs = {}
     for check in args.checks.split(","):
         for s in args.sampling.split(","):
-            out = run(check, sharpened(CFG, 0), samplings[s], args.attn)
+            out = run(check, lively_llama(CFG, 0), samplings[s], args.attn)
             refs[check, s] = np.asarray(out.tokens)
             # Non-degenerate reference: rows differ and tokens vary within rows.
             assert len({tuple(r) for r in refs[check, s]}) > 1, refs[check, s]
@@ -336,20 +330,20 @@ def main() -> None:
         if args.rules:
             rules = dict(specjax.sharding.RULES)
             rules |= dict(r.split("=") for r in args.rules.split(","))
-            target = specjax.shard_model(sharpened(CFG, 0), mesh, rules=rules)
+            target = specjax.shard_model(lively_llama(CFG, 0), mesh, rules=rules)
             wq = target.layers.wq[...]
             want = specjax.sharding.weight_sharding("wq", CFG, mesh, rules)
             assert wq.sharding.spec == want.spec, (wq.sharding, want)
             print(f"rules {args.rules}: wq {wq.sharding.spec}", flush=True)
         else:
-            target = specjax.shard_model(sharpened(CFG, 0), mesh)
+            target = specjax.shard_model(lively_llama(CFG, 0), mesh)
             assert_weights_sharded(target, mesh)
         if args.attn == "interpret" and model > 1:
             assert_kernel_in_shard_map(target)
         if args.load:
             with tempfile.TemporaryDirectory() as tmp:
-                write_hf_dir(sharpened(CFG, 0), Path(tmp))
-                greedy = run("generate", sharpened(CFG, 0), SamplingConfig(), "reference")
+                write_hf_dir(lively_llama(CFG, 0), Path(tmp))
+                greedy = run("generate", lively_llama(CFG, 0), SamplingConfig(), "reference")
                 check_load(mesh, Path(tmp), np.asarray(greedy.tokens))
             print(f"ok {shape} load", flush=True)
         if args.train:

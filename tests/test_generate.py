@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from flax import nnx
 from jaxpr_checks import assert_one_loop_no_callbacks
+from lively_models import lively_llama
 
 import specjax
 from specjax import decode
@@ -41,9 +42,8 @@ def test_finished_rows_leave_the_batch_rows_equal_alone(temperature):
     """At B >= COMPACT_MIN_BATCH rows that stop early leave decoding in phases (the live rows
     and their caches are gathered into a smaller batch): each row's tokens and length still
     equal the row decoded alone."""
-    graphdef, params = nnx.split(specjax.Llama(TINY, rngs=nnx.Rngs(1)))
     # Sharper logits than the random init, so greedy rows do not all fall into one loop.
-    model = nnx.merge(graphdef, jax.tree.map(lambda x: x * 3.0 if x.ndim >= 2 else x, params))
+    model = lively_llama(TINY, 1)
     b, n = decode.COMPACT_MIN_BATCH, 24
     # Reversed, so that the rows decoding longest sit last: the phases must gather them.
     prompts = [[1 + i, 3, (5 * i) % TINY.vocab_size] for i in reversed(range(b))]

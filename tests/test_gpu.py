@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
+from lively_models import lively_llama
 from specjax.kernels.tree_attention import tree_attention, tree_attention_reference
 from test_tree_attention import FULL, PAIRWISE, _case_id, make_inputs
 
@@ -93,8 +93,7 @@ TREES = {
 
 @pytest.fixture(scope="module")
 def lively_target():
-    graph, state = nnx.split(specjax.Llama(KERNEL_SIZED, rngs=nnx.Rngs(0)))
-    return nnx.merge(graph, jax.tree.map(lambda x: x * 3.0 if x.ndim >= 2 else x, state))
+    return lively_llama(KERNEL_SIZED, 0)
 
 
 @pytest.mark.parametrize("tree", list(TREES))

@@ -8,6 +8,7 @@ import jax
 import numpy as np
 import pytest
 from flax import nnx
+from lively_models import lively_llama
 from test_early_exit import LIVELY, RAGGED, random_exit
 from test_lossless_e2e import (
     CFG,
@@ -29,8 +30,7 @@ ALWAYS = SpecConfig.auto(allow_autoregressive=False)
 
 @pytest.fixture(scope="module")
 def lively():
-    graph, state = nnx.split(specjax.Llama(LIVELY, rngs=nnx.Rngs(0)))
-    return nnx.merge(graph, jax.tree.map(lambda x: x * 3.0 if x.ndim >= 2 else x, state))
+    return lively_llama(LIVELY, 0)
 
 
 def lively_hispec(lively, draft_layer=1, verify_layer=3, **settings):

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from lively_models import lively_llama
 from test_feature_drafter import make_drafter, proposer_after
 from test_lossless_e2e import (
     CFG,
@@ -47,9 +48,7 @@ def random_pre_verifier(threshold: float, seed: int = 1, **kw) -> PreVerifier:
 @pytest.fixture(scope="module")
 def target():
     """TINY at 3x its init scale: at init scale it repeats one token and every draft agrees."""
-    model = specjax.Llama(TINY, rngs=nnx.Rngs(0))
-    graph, state = nnx.split(model)
-    return nnx.merge(graph, jax.tree.map(lambda x: x * 3 if x.ndim >= 2 else x, state))
+    return lively_llama(TINY, 0)
 
 
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9], [3]]

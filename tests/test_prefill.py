@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
+from lively_models import lively_llama
 from test_feature_drafter import make_drafter
 
 import specjax
@@ -20,8 +20,7 @@ from specjax.prefill import PACKED_MIN_BATCH, block_prefill, packed_prefill
 def tiny():
     # Weights 3x the random init, so that the logits are far from uniform and a misplaced
     # position or row changes them visibly.
-    graphdef, params = nnx.split(specjax.Llama(TINY, rngs=nnx.Rngs(0)))
-    return nnx.merge(graphdef, jax.tree.map(lambda x: x * 3.0 if x.ndim >= 2 else x, params))
+    return lively_llama(TINY, 0)
 
 
 def assert_close(got, want):

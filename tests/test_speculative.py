@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from flax import nnx
 from jaxpr_checks import assert_one_loop_no_callbacks
+from lively_models import lively_llama
 
 import specjax
 from specjax import speculative
@@ -24,8 +25,7 @@ RAGGED = [[1, 5, 7], [1, 2, 3, 4, 5, 6, 7, 8], [3], [9, 9, 2, 11, 4]]
 @pytest.fixture(scope="module")
 def tiny_pair():
     # Weights x3: at initialisation scale TINY repeats one token and every draft is accepted.
-    graph, state = nnx.split(specjax.Llama(TINY, rngs=nnx.Rngs(0)))
-    target = nnx.merge(graph, jax.tree.map(lambda x: x * 3.0 if x.ndim >= 2 else x, state))
+    target = lively_llama(TINY, 0)
     # A drafter that agrees with the target often but not always: the target's own first layer.
     return target, LMDrafter.self_draft(1)
 
@@ -155,9 +155,8 @@ def test_finished_rows_leave_the_speculative_batch_rows_equal_alone(temperature)
     """At B >= COMPACT_MIN_BATCH the speculative steps run in phases of fewer rows once rows
     finish (specjax.rows): each row's tokens, length and statistics still equal the row decoded
     alone, and greedy rows equal plain decoding."""
-    graphdef, params = nnx.split(specjax.Llama(TINY, rngs=nnx.Rngs(1)))
     # Sharper logits than the random init, so greedy rows do not all fall into one loop.
-    target = nnx.merge(graphdef, jax.tree.map(lambda x: x * 3.0 if x.ndim >= 2 else x, params))
+    target = lively_llama(TINY, 1)
     drafter = LMDrafter.self_draft(1)
     b, n = specjax.decode.COMPACT_MIN_BATCH, speculative.SPECULATIVE_PHASE_TOKENS
     # Reversed, so that the rows decoding longest sit last: the phases must gather them.
