@@ -58,8 +58,9 @@ SMOLLM2_SHARDS = 60
 SMOLLM2_CLEAN_EXTRA = (("smollm2-broad", 19), ("smollm2-tasks", 57))
 # The eagle on every held-in answer shard committed so far (64 of each set: 10,240 answers, 1.39M
 # answer tokens against 6,784 / 0.89M above), same 9600 steps: MT-bench tau +0.126 +- 0.052 over
-# the same recipe on the data above (80 first turns, experiments/results/drafter_tau_eagle_data2.md),
-# level on qa, sum and gsm8k (drafter_tau_eagle_data2_tasks.md), so it ships on this data.
+# the same recipe on the data above (80 first turns,
+# experiments/results/drafter_tau_eagle_data2.md), level on qa, sum and gsm8k
+# (drafter_tau_eagle_data2_tasks.md), so it ships on this data.
 SMOLLM2_DATA2_SHARDS = 64
 SMOLLM2_DATA2_EXTRA = (("smollm2-broad", 64), ("smollm2-tasks", 64))
 # name -> (shards of smollm2-synthetic, extra answer sets with their shard counts)
