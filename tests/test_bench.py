@@ -181,6 +181,38 @@ def test_bench_tiny_model_table_and_plots(tiny_target, tmp_path):
     assert {"auto_predicted.png", "auto_tverify.png"} <= {p.name for p in plots}
 
 
+def test_auto_rows_record_each_prompts_speculative_tau():
+    """Each prompt of an auto row keeps its choice and its tau over speculative steps alone (a
+    fallback's plain steps, one token each in bin 0 of the histogram, left out), and the report
+    weighs the later half of the prompts by their speculative steps."""
+    from specjax.bench.report import later_half_tau
+    from specjax.bench.runner import _combined_choice
+
+    def stats(hist, calls, plain, predicted, shift):
+        return {"tree": "dynamic(3,2,4)", "acceptance_shift": shift, "predicted_tau": predicted,
+                "predicted_speedup": 1.2, "accepted_hist": np.array([hist]),
+                "target_calls": np.array([calls]), "plain_steps": np.array([plain])}  # fmt: skip
+
+    # 2 plain steps + 4 speculative ones accepting 0, 1, 1, 2: 8 tokens in 4 calls.
+    first = stats([3, 2, 1], calls=6, plain=2, predicted=3.0, shift=1.0)
+    # No fallback: 2 steps accepting 2 each: 6 tokens in 2 calls.
+    second = stats([0, 0, 2], calls=2, plain=0, predicted=2.5, shift=0.9)
+    # Decoded plainly from the start: no speculative step.
+    third = stats([5, 0, 0], calls=5, plain=5, predicted=2.0, shift=0.8)
+    choice = _combined_choice([first, second, third])
+    taus = [p["speculative_tau"] for p in choice["per_prompt"]]
+    assert taus[:2] == [2.0, 3.0] and np.isnan(taus[2])
+    assert [p["speculative_calls"] for p in choice["per_prompt"]] == [4, 2, 0]
+    assert choice["shift"] == "1.00 -> 0.80"
+    # The later half (prompts 2 and 3): only the second has speculative steps.
+    assert later_half_tau(choice["per_prompt"]) == "2.50 / 3.00"
+    assert later_half_tau(choice["per_prompt"][2:]) == "-"
+    # Weighted by speculative steps: (2.5 * 2 + 3.0 * 4) / 6 predicted, (3 * 2 + 2 * 4) / 6
+    # measured.
+    one, two, _ = choice["per_prompt"]
+    assert later_half_tau([one, two, two, one]) == "2.83 / 2.33"
+
+
 def test_adapting_default_warms_every_prompt_and_replays_its_shift(tiny_target, monkeypatch):
     """The bench's adapting default: the warm-up decodes every prompt in order, each choosing
     with what the prompts before it measured, and the timed runs replay each prompt's shift

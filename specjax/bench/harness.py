@@ -69,6 +69,8 @@ class Row:
     shift: str = ""  # auto rows: the acceptance shift of the first and the last prompt
     # Rows with an intermediate level (HiSpec, exit verify): tokens per call of the verify exit.
     intermediate_tau: float = math.nan
+    # auto rows: each prompt's choice and its tau over speculative steps (runner.prompt_choice)
+    per_prompt: list[dict] = dataclasses.field(default_factory=list)
 
 
 def explain_mismatch(target: Target, prompt: Prompt, ref: np.ndarray, got: np.ndarray) -> str:
@@ -256,6 +258,7 @@ def _rows(target, prompts, sampling, methods, runners, timings, log) -> list[Row
                 f"{out.choice['plain_share']:.0%} of steps"
             )
             row.shift = out.choice["shift"]
+            row.per_prompt = out.choice["per_prompt"]
         if out.intermediate_tau:
             row.intermediate_tau = float(np.mean(out.intermediate_tau))
         if out.pre_verifier_stops and out.draft_len:

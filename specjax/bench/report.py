@@ -121,15 +121,16 @@ def write_markdown(
             "",
             "| target | dataset | T | method | chosen tree | tau predicted / measured | "
             "speedup predicted / measured | speedup error | fell back to plain steps | "
-            "acceptance shift |",
-            "|---|---|---|---|---|---|---|---|---|---|",
+            "acceptance shift | tau per speculative step, later half: predicted / measured |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in predicted:
             err = r.predicted_speedup / r.speedup - 1
             lines.append(
                 f"| {r.target} | {r.dataset} | {r.temperature:g} | {r.method} | {r.chosen_tree} "
                 f"| {r.predicted_tau:.2f} / {r.tau:.2f} | {r.predicted_speedup:.2f}x / "
-                f"{r.speedup:.2f}x | {err:+.0%} | {r.fallback or '-'} | {r.shift or '-'} |"
+                f"{r.speedup:.2f}x | {err:+.0%} | {r.fallback or '-'} | {r.shift or '-'} "
+                f"| {later_half_tau(r.per_prompt)} |"
             )
         lines += [
             "",
@@ -139,7 +140,11 @@ def write_markdown(
             "loop; measured tau counts those plain steps (1 token each). acceptance shift: the "
             "factor by which the choice scaled the drafter's per-depth acceptance, fitted to the "
             "calls before (specjax.adaptation): prompts are decoded in order once, each choosing "
-            "from the prompts before it, and the timed repetitions replay each prompt's choice.",
+            "from the prompts before it, and the timed repetitions replay each prompt's choice. "
+            "tau per speculative step, later half: over the second half of the prompts (those "
+            "that chose with a shift fitted to at least half of the prompts), the tau predicted "
+            "for each prompt's tree and the tokens per call of its speculative steps (plain "
+            "steps after a fallback left out), both weighted by the prompts' speculative steps.",
             "",
         ]
     leveled = [r for r in rows if not math.isnan(r.intermediate_tau)]
@@ -170,6 +175,19 @@ def write_markdown(
     if notes:
         lines += ["", "## Notes", "", *(f"- {n}" for n in notes)]
     Path(path).write_text("\n".join(lines) + "\n")
+
+
+def later_half_tau(per_prompt: Sequence[dict]) -> str:
+    """'predicted / measured' tau per speculative step over the second half of an auto row's
+    prompts (runner.prompt_choice records), weighted by each prompt's speculative steps; '-'
+    where those prompts took no speculative step (or none were recorded)."""
+    later = [p for p in per_prompt[len(per_prompt) // 2 :] if p["speculative_calls"] > 0]
+    calls = sum(p["speculative_calls"] for p in later)
+    if not calls:
+        return "-"
+    predicted = sum(p["predicted_tau"] * p["speculative_calls"] for p in later) / calls
+    measured = sum(p["speculative_tau"] * p["speculative_calls"] for p in later) / calls
+    return f"{predicted:.2f} / {measured:.2f}"
 
 
 def cost_table(costs: dict) -> list[str]:

@@ -6,6 +6,7 @@ The transformers runner lives in specjax.bench.hf_peer."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 import time
 
@@ -215,6 +216,7 @@ def _combined_choice(stats: list[dict]) -> dict | None:
     if not stats:
         return None
     trees = list(dict.fromkeys(str(s["tree"]) for s in stats))
+    per_prompt = [prompt_choice(s) for s in stats]
     plain = [int(np.asarray(s["plain_steps"])[0]) for s in stats if "plain_steps" in s]
     shifts = [float(s.get("acceptance_shift", 1.0)) for s in stats]
     calls = [int(np.asarray(s["target_calls"])[0]) for s in stats if "plain_steps" in s]
@@ -226,8 +228,30 @@ def _combined_choice(stats: list[dict]) -> dict | None:
         # all target calls that were plain decoding steps.
         "fell_back": sum(n > 0 for n in plain),
         "plain_share": sum(plain) / max(sum(calls), 1),
+        # Each prompt's choice and what its speculative steps measured (prompt_choice).
+        "per_prompt": per_prompt,
         # The acceptance shift (specjax.adaptation) the first and the last prompt chose with.
         "shift": f"{shifts[0]:.2f}"
         if len(set(shifts)) == 1
         else f"{shifts[0]:.2f} -> {shifts[-1]:.2f}",
+    }
+
+
+def prompt_choice(stats: dict) -> dict:
+    """One prompt's default call (row 0 of its stats): the tree and shift it chose with, the tau
+    and speedup it predicted, and tau over its speculative steps alone (steps decoded plainly
+    after a fallback emit one token each and are left out: the prediction is for the tree)."""
+    hist = np.asarray(stats["accepted_hist"][0], np.float64)
+    accepted = float(np.sum(hist * np.arange(len(hist))))  # plain steps add to bin 0
+    calls = int(np.asarray(stats["target_calls"])[0])
+    plain = int(np.asarray(stats["plain_steps"])[0]) if "plain_steps" in stats else 0
+    speculative = calls - plain
+    return {
+        "tree": str(stats["tree"]),
+        "shift": float(stats.get("acceptance_shift", 1.0)),
+        "predicted_tau": float(stats["predicted_tau"]),
+        "predicted_speedup": float(stats["predicted_speedup"]),
+        "speculative_calls": speculative,
+        "plain_calls": plain,
+        "speculative_tau": (accepted + speculative) / speculative if speculative else math.nan,
     }
