@@ -241,11 +241,12 @@ def prompt_choice(stats: dict) -> dict:
     """One prompt's default call (row 0 of its stats): the tree and shift it chose with, the tau
     and speedup it predicted, and tau over its speculative steps alone (steps decoded plainly
     after a fallback emit one token each and are left out: the prediction is for the tree)."""
-    hist = np.asarray(stats["accepted_hist"][0], np.float64)
-    accepted = float(np.sum(hist * np.arange(len(hist))))  # plain steps add to bin 0
-    calls = int(np.asarray(stats["target_calls"])[0])
-    plain = int(np.asarray(stats["plain_steps"])[0]) if "plain_steps" in stats else 0
-    speculative = calls - plain
+    from specjax.adaptation import speculative_counts
+
+    row = {k: np.asarray(stats[k])[:1] for k in ("accepted_hist", "plain_steps") if k in stats}
+    steps, tokens = speculative_counts(row)
+    speculative = int(steps)
+    plain = int(row["plain_steps"][0]) if "plain_steps" in row else 0
     return {
         "tree": str(stats["tree"]),
         "shift": float(stats.get("acceptance_shift", 1.0)),
@@ -253,5 +254,5 @@ def prompt_choice(stats: dict) -> dict:
         "predicted_speedup": float(stats["predicted_speedup"]),
         "speculative_calls": speculative,
         "plain_calls": plain,
-        "speculative_tau": (accepted + speculative) / speculative if speculative else math.nan,
+        "speculative_tau": tokens / steps if steps else math.nan,
     }
