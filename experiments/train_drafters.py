@@ -11,6 +11,9 @@ a training card that states the measured tau.
     python experiments/train_drafters.py --only smollm2-eagle --steps 400 --out runs/noise \
         --train feature_noise=0.1 --recipe draft_vocab=16384
         # a variant of a recipe (TrainConfig / DrafterRecipe fields), for comparisons
+    python experiments/train_drafters.py --only smollm2-eagle --steps 2400 --train lr=5e-4 \
+        --train seed=1 --init-from checkpoints/smollm2-eagle --out runs/more
+        # a continuation: the shipped weights trained further with a schedule of its own
 
 Each target's answers are kept token-only in experiments/answers/<set>/ (committed; see
 ANSWER_SET), so a fresh checkout only rebuilds their features teacher-forced (a prefill,
@@ -191,6 +194,8 @@ def _command(name: str, args) -> str:
     words += [f"--extra {_shell_word(e)}" for e in args.extra]
     words += [f"--train {_shell_word(t)}" for t in args.train]
     words += [f"--recipe {_shell_word(r)}" for r in args.recipe]
+    if args.init_from:
+        words.append(f"--init-from {_shell_word(args.init_from)}")
     return " ".join(words)
 
 
@@ -219,6 +224,13 @@ def main(argv=None) -> int:
         default=[],
         metavar="KEY=VALUE",
         help="override a DrafterRecipe field (e.g. draft_vocab=16384)",
+    )
+    parser.add_argument(
+        "--init-from",
+        default=None,
+        metavar="DIR",
+        help="start from this drafter's weights (same recipe and data) with the run's own "
+        "schedule: a continuation",
     )
     parser.add_argument(
         "--remeasure",
@@ -258,6 +270,7 @@ def main(argv=None) -> int:
             answers_dir=answers_dir(ANSWER_SET[name.split("-")[0]]),
             eval_n=args.eval_n,
             reproduce=_command(name, args),
+            init_from=args.init_from,
         )
     return 0
 

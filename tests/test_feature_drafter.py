@@ -300,6 +300,32 @@ def test_checkpoint_round_trip(tmp_path, tiny_target, kind):
     assert loaded.feature_layers == ((1, 2) if kind.endswith("-fused") else (2,))
 
 
+def test_continuation_starts_from_the_saved_weights(tmp_path, tiny_target):
+    """train_drafter(init_from=DIR) starts from DIR's weights: equal after start_from; a saved
+    drafter of another config or draft vocabulary is refused."""
+    from specjax.train.pipeline import start_from
+
+    saved = make_drafter("eagle", tiny_target, seed=7).net
+    save_drafter(saved, tmp_path / "d", target_name="tiny", dtype="float32", target=tiny_target)
+
+    def fresh(kind="eagle", vocab=None):
+        if vocab is None:
+            vocab = np.arange(tiny_target.config.vocab_size)
+        cfg = DrafterConfig(kind=kind, target=tiny_target.config, draft_vocab_size=len(vocab))
+        return DrafterNet(cfg, vocab, rngs=nnx.Rngs(3), target=tiny_target)
+
+    net = fresh()
+    assert not np.allclose(net.canonical_params()["fc"], saved.canonical_params()["fc"])
+    start_from(net, tmp_path / "d")
+    chex.assert_trees_all_close(net.canonical_params(), saved.canonical_params())
+    with pytest.raises(ValueError, match="config differs"):
+        start_from(fresh("mdc"), tmp_path / "d")
+    with pytest.raises(ValueError, match="draft vocabulary"):
+        start_from(
+            fresh(vocab=np.arange(tiny_target.config.vocab_size)[::-1].copy()), tmp_path / "d"
+        )
+
+
 def test_errors_name_the_problem(tmp_path, tiny_target):
     with pytest.raises(ValueError, match="no drafter.json"):
         load_drafter(tmp_path, tiny_target)

@@ -110,6 +110,7 @@ def train_drafter(
     reproduce: str | None = None,
     calibrate: bool = True,
     data_fusion_layers: tuple[int, ...] | None = None,
+    init_from: str | Path | None = None,
     log=print,
 ) -> Path:
     """Distill (resumable, shared between kinds through data_dir), train, save to out_dir, measure
@@ -124,7 +125,10 @@ def train_drafter(
     calibrate: measure the acceptance profile SpecConfig.auto() reads (minutes for SmolLM2;
     comparisons of training variants can skip it). data_fusion_layers: the fusion layers the
     feature directories hold (default: the recipe's); a drafter without fusion can train on
-    fused features, so that the variants of a comparison share one feature cache."""
+    fused features, so that the variants of a comparison share one feature cache.
+    init_from: a drafter directory whose weights the training starts from instead of a fresh
+    initialisation (a continuation with its own schedule); its config and draft vocabulary must
+    be the ones this recipe and data give, else ValueError before training."""
     stored = recipe.fusion_layers if data_fusion_layers is None else tuple(data_fusion_layers)
     if recipe.fusion_layers not in ((), stored):
         raise ValueError(
@@ -170,6 +174,8 @@ def train_drafter(
         target=target,
         input_scale=feature_scale(data),
     )
+    if init_from is not None:
+        start_from(net, init_from)
     # Progress saved beside the output every 10 minutes: a stopped run started again with the
     # same command continues from there (specjax.train.resume).
     resume_dir = Path(out_dir).with_name(Path(out_dir).name + ".resume")
@@ -180,6 +186,7 @@ def train_drafter(
         recipe.train,
         log=log,
         resume_dir=resume_dir,
+        run_id="" if init_from is None else f"init_from={Path(init_from).resolve()}",
     )
     save_drafter(net, out_dir, target_name=name, target=target)
     shutil.rmtree(resume_dir, ignore_errors=True)
@@ -228,6 +235,25 @@ def train_drafter(
     profiles = calibrate_drafter(target, drafter, calib, description=description, eos_id=eos)
     write_checkpoint_profiles(out_dir, profiles)
     return Path(out_dir)
+
+
+def start_from(net: DrafterNet, path: str | Path) -> None:
+    """Set net's weights to those of the drafter saved at path (its config and draft vocabulary
+    must equal net's: a continuation trains the same drafter further)."""
+    from specjax.train.checkpoint import load_drafter_net
+
+    saved = load_drafter_net(path)
+    if saved.config != net.config:
+        raise ValueError(
+            f"--init-from {path}: its drafter config differs from the recipe's "
+            f"({saved.config} against {net.config})"
+        )
+    if not np.array_equal(np.asarray(saved.draft_vocab[...]), np.asarray(net.draft_vocab[...])):
+        raise ValueError(
+            f"--init-from {path}: its draft vocabulary is not the one this data gives; "
+            "continue it on the data it was trained on"
+        )
+    nnx.update(net, nnx.state(saved, nnx.Param))
 
 
 def _prompt_sets(cfg) -> str:

@@ -243,6 +243,7 @@ def train(
     mesh=None,
     resume_dir: str | Path | None = None,
     save_every_s: float = 600.0,
+    run_id: str = "",
 ):
     """Train net in place; returns a summary dict (steps, wall seconds, tokens seen, last
     metrics). Shows a progress bar with the loss, level-0 agreement and tokens/s.
@@ -251,6 +252,8 @@ def train(
     (specjax.train.resume); a run started again with the same folder, settings and data
     continues from the last save, with the same batches and noise as an unbroken run (the
     stream and the per-step keys depend only on the seed and the step). None: no saves.
+    run_id: what else sets the run apart (e.g. the weights it started from), so that a saved
+    state is resumed only by the same run.
 
     mesh: data-parallel training on a ('data', 'model') mesh (specjax.make_mesh): the drafter,
     its optimizer state and the target parts are replicated, every batch's rows are split over
@@ -269,6 +272,7 @@ def train(
     start, seen, history, wall_before = 0, 0, [], 0.0
     fingerprint = json.dumps(
         [dataclasses.asdict(cfg), repr(net.config), len(data.lengths), int(data.answer_tokens)]
+        + ([run_id] if run_id else [])
     )
     if resume_dir is not None:
         saved = load_progress(resume_dir, fingerprint=fingerprint, like=(params, opt))
