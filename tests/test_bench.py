@@ -213,6 +213,36 @@ def test_auto_rows_record_each_prompts_speculative_tau():
     assert later_half_tau([one, two, two, one]) == "2.83 / 2.33"
 
 
+def test_auto_rows_time_each_prompt_against_autoregressive_decoding():
+    """Each prompt's speedup is its own tokens/s over autoregressive decoding's on that prompt,
+    paired per repetition (median); the report compares it with the prompt's prediction over
+    the later half of the prompts that speculated to the end."""
+    from specjax.bench.harness import _prompt_speedups
+    from specjax.bench.prompts import PromptSet
+    from specjax.bench.report import later_half_speedup
+    from specjax.bench.runner import Decoded, Runner
+
+    prompts = PromptSet(name="p", prompts=[], max_new_tokens=8)
+    spec, ar = Runner(prompts), Runner(prompts)
+    spec.prompt_s = [[1.0, 2.0, 1.0], [0.5, 0.5, 0.5]]
+    ar.prompt_s = [[2.0, 2.0, 3.0], [1.0, 1.0, 1.0]]
+    # Prompt 1 at T=1: 6 tokens against autoregressive decoding's 4.
+    out = Decoded(tokens=[np.zeros(4), np.zeros(6)], tau=[1.0, 1.0])
+    ar_out = Decoded(tokens=[np.zeros(4), np.zeros(4)], tau=[1.0, 1.0])
+    # Ratios per repetition: prompt 0 [2, 1, 3] -> 2; prompt 1 [3, 3, 3] -> 3.
+    assert _prompt_speedups(spec, ar, out, ar_out) == [2.0, 3.0]
+
+    def prompt(predicted, measured, plain=0, calls=5):
+        return {"predicted_speedup": predicted, "speedup": measured, "plain_calls": plain,
+                "speculative_calls": calls}  # fmt: skip
+
+    # The first half is left out, as are a fallback and a prompt that never speculated.
+    rows = [*[prompt(9.0, 1.0)] * 4, prompt(1.1, 1.0), prompt(1.5, 1.0),
+            prompt(1.0, 1.0, plain=3), prompt(1.0, 1.0, calls=0)]  # fmt: skip
+    assert later_half_speedup(rows) == "1.30x / 1.00x (1/2 within 15%)"
+    assert later_half_speedup(rows[:2] + rows[6:]) == "-"
+
+
 def test_adapting_default_warms_every_prompt_and_replays_its_shift(tiny_target, monkeypatch):
     """The bench's adapting default: the warm-up decodes every prompt in order, each choosing
     with what the prompts before it measured, and the timed runs replay each prompt's shift

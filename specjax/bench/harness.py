@@ -23,7 +23,7 @@ from specjax.bench.methods import (
     resolve_drafter,
 )
 from specjax.bench.prompts import Prompt, PromptSet
-from specjax.bench.runner import Runner, SpecjaxRunner, Target
+from specjax.bench.runner import Decoded, Runner, SpecjaxRunner, Target
 from specjax.benchmark import mean_ci, time_interleaved
 from specjax.config import SamplingConfig
 from specjax.memory_maps import drop_compiled_programs_if_crowded
@@ -106,6 +106,18 @@ def _paired_ratio(num: Sequence[float], den: Sequence[float]) -> tuple[float, tu
     """Median and (min, max) of the per-repetition ratios num[i] / den[i]."""
     r = [a / b for a, b in zip(num, den, strict=True)]
     return statistics.median(r), (min(r), max(r))
+
+
+def _prompt_speedups(runner: Runner, ar: Runner, out: Decoded, ar_out: Decoded) -> list[float]:
+    """Each prompt's own speedup over autoregressive decoding: its tokens per second over the
+    autoregressive call's on the same prompt, paired per interleaved repetition, median."""
+    return [
+        _paired_ratio(
+            [len(out.tokens[i]) / t for t in runner.prompt_s[i]],
+            [len(ar_out.tokens[i]) / t for t in ar.prompt_s[i]],
+        )[0]
+        for i in range(len(out.tokens))
+    ]
 
 
 def _drafters(target: Target, methods: Sequence[Method]) -> dict[str, object]:
@@ -259,6 +271,12 @@ def _rows(target, prompts, sampling, methods, runners, timings, log) -> list[Row
             )
             row.shift = out.choice["shift"]
             row.per_prompt = out.choice["per_prompt"]
+            if len(row.per_prompt) == len(prompts.prompts):
+                speedups = _prompt_speedups(
+                    runners[m.name], runners[ar.name], out, decoded[ar.name]
+                )
+                for p, x in zip(row.per_prompt, speedups, strict=True):
+                    p["speedup"] = x
         if out.intermediate_tau:
             row.intermediate_tau = float(np.mean(out.intermediate_tau))
         if out.pre_verifier_stops and out.draft_len:

@@ -121,8 +121,9 @@ def write_markdown(
             "",
             "| target | dataset | T | method | chosen tree | tau predicted / measured | "
             "speedup predicted / measured | speedup error | fell back to plain steps | "
-            "acceptance shift | tau per speculative step, later half: predicted / measured |",
-            "|---|---|---|---|---|---|---|---|---|---|---|",
+            "acceptance shift | tau per speculative step, later half: predicted / measured | "
+            "speedup per prompt, later half, no fallback: predicted / measured (within 15%) |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in predicted:
             err = r.predicted_speedup / r.speedup - 1
@@ -130,7 +131,7 @@ def write_markdown(
                 f"| {r.target} | {r.dataset} | {r.temperature:g} | {r.method} | {r.chosen_tree} "
                 f"| {r.predicted_tau:.2f} / {r.tau:.2f} | {r.predicted_speedup:.2f}x / "
                 f"{r.speedup:.2f}x | {err:+.0%} | {r.fallback or '-'} | {r.shift or '-'} "
-                f"| {later_half_tau(r.per_prompt)} |"
+                f"| {later_half_tau(r.per_prompt)} | {later_half_speedup(r.per_prompt)} |"
             )
         lines += [
             "",
@@ -144,7 +145,12 @@ def write_markdown(
             "tau per speculative step, later half: over the second half of the prompts (those "
             "that chose with a shift fitted to at least half of the prompts), the tau predicted "
             "for each prompt's tree and the tokens per call of its speculative steps (plain "
-            "steps after a fallback left out), both weighted by the prompts' speculative steps.",
+            "steps after a fallback left out), both weighted by the prompts' speculative steps. "
+            "speedup per prompt: over the same prompts, those that speculated to the end, the "
+            "speedup predicted for each prompt's tree and the prompt's own measured speedup "
+            "(its tokens per second over autoregressive decoding's on that prompt, paired per "
+            "repetition), both averaged over those prompts, and how many of them were predicted "
+            "within 15% of their measured speedup.",
             "",
         ]
     leveled = [r for r in rows if not math.isnan(r.intermediate_tau)]
@@ -188,6 +194,26 @@ def later_half_tau(per_prompt: Sequence[dict]) -> str:
     predicted = sum(p["predicted_tau"] * p["speculative_calls"] for p in later) / calls
     measured = sum(p["speculative_tau"] * p["speculative_calls"] for p in later) / calls
     return f"{predicted:.2f} / {measured:.2f}"
+
+
+def later_half_speedup(per_prompt: Sequence[dict]) -> str:
+    """'predicted / measured (k/n within 15%)' speedup over the second half of an auto row's
+    prompts that speculated to the end (no fallback): the mean of each prompt's predicted and of
+    its own measured speedup (harness._prompt_speedups), and how many prompts' predictions lie
+    within 15% of their measurement; '-' where no such prompt was recorded."""
+    later = [
+        p
+        for p in per_prompt[len(per_prompt) // 2 :]
+        if "speedup" in p and p["speculative_calls"] > 0 and p["plain_calls"] == 0
+    ]
+    if not later:
+        return "-"
+    predicted = [p["predicted_speedup"] for p in later]
+    measured = [p["speedup"] for p in later]
+    within = sum(abs(a / b - 1) <= 0.15 for a, b in zip(predicted, measured, strict=True))
+    return (
+        f"{np.mean(predicted):.2f}x / {np.mean(measured):.2f}x ({within}/{len(later)} within 15%)"
+    )
 
 
 def cost_table(costs: dict) -> list[str]:
