@@ -246,7 +246,8 @@ def test_auto_rows_time_each_prompt_against_autoregressive_decoding():
 def test_adapting_default_warms_every_prompt_and_replays_its_shift(tiny_target, monkeypatch):
     """The bench's adapting default: the warm-up decodes every prompt in order, each choosing
     with what the prompts before it measured, and the timed runs replay each prompt's shift
-    (so no run adapts on prompts already seen, nor compiles a new tree while timed)."""
+    (so no run adapts on prompts already seen, nor compiles a new tree while timed); a default
+    that does not adapt warms every prompt as well."""
     from specjax.bench.runner import SpecjaxRunner
 
     seen = []
@@ -274,10 +275,15 @@ def test_adapting_default_warms_every_prompt_and_replays_its_shift(tiny_target, 
     seen.clear()
     fixed = SpecjaxRunner(tiny_target, bench.parse_method("self:1@auto-noadapt"), "drafter",
                           prompts, specjax.SamplingConfig())  # fmt: skip
-    assert fixed.warm_indices() == [0]
+    # A default call that does not adapt still chooses per prompt (its cost context follows
+    # the prompt's cache length): every prompt is warmed too. A fixed tree: one prompt a width.
+    assert fixed.warm_indices() == [0, 1, 2]
     fixed()
     fixed()
-    assert seen == [False] * 4
+    assert seen == [False] * 6
+    tree = SpecjaxRunner(tiny_target, bench.parse_method("self:1"), "drafter", prompts,
+                         specjax.SamplingConfig())  # fmt: skip
+    assert tree.warm_indices() == [0]
 
 
 def test_explain_mismatch_points_at_the_first_difference(tiny_target):
