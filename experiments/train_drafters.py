@@ -11,8 +11,8 @@ a training card that states the measured tau.
     python experiments/train_drafters.py --only smollm2-eagle --steps 400 --out runs/noise \
         --train feature_noise=0.1 --recipe draft_vocab=16384
         # a variant of a recipe (TrainConfig / DrafterRecipe fields), for comparisons
-    python experiments/train_drafters.py --only smollm2-eagle --steps 2400 --train lr=5e-4 \
-        --train seed=1 --init-from checkpoints/smollm2-eagle --out runs/more
+    python experiments/train_drafters.py --only smollm2-eagle --steps 1800 --train lr=5e-4 \
+        --train seed=1 --init-from checkpoints/smollm2-eagle --out runs/eagle_more
         # a continuation: the shipped weights trained further with a schedule of its own
 
 Each target's answers are kept token-only in experiments/answers/<set>/ (committed; see

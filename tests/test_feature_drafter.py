@@ -320,6 +320,16 @@ def test_continuation_starts_from_the_saved_weights(tmp_path, tiny_target):
     chex.assert_trees_all_close(net.canonical_params(), saved.canonical_params())
     with pytest.raises(ValueError, match="config differs"):
         start_from(fresh("mdc"), tmp_path / "d")
+    # A folder that holds no drafter names itself before anything is loaded or distilled.
+    from specjax.train.data import DistillConfig
+    from specjax.train.pipeline import DrafterRecipe, train_drafter
+
+    recipe = DrafterRecipe(kind="eagle", data_kind="story", distill=DistillConfig(kind="story"),
+                           train=TrainConfig(steps=1))  # fmt: skip
+    with pytest.raises(ValueError, match="no drafter.json"):
+        train_drafter(tmp_path / "no-target", recipe, tmp_path / "out",
+                      data_dir=tmp_path / "data", init_from=tmp_path)  # fmt: skip
+    assert not (tmp_path / "data").exists()
     with pytest.raises(ValueError, match="draft vocabulary"):
         start_from(
             fresh(vocab=np.arange(tiny_target.config.vocab_size)[::-1].copy()), tmp_path / "d"

@@ -134,6 +134,10 @@ def train_drafter(
         raise ValueError(
             f"the recipe fuses layers {recipe.fusion_layers}, the features hold {stored}"
         )
+    if init_from is not None:
+        from specjax.train.checkpoint import read_header
+
+        read_header(init_from)  # a wrong folder names itself before the distillation
     import specjax
 
     t_start = time.perf_counter()
