@@ -183,11 +183,17 @@ def write_markdown(
     Path(path).write_text("\n".join(lines) + "\n")
 
 
+def later_half(per_prompt: Sequence[dict]) -> Sequence[dict]:
+    """The second half of an auto row's prompts: those that chose with an acceptance shift
+    fitted to at least half of the prompts (specjax.adaptation)."""
+    return per_prompt[len(per_prompt) // 2 :]
+
+
 def later_half_tau(per_prompt: Sequence[dict]) -> str:
     """'predicted / measured' tau per speculative step over the second half of an auto row's
     prompts (runner.prompt_choice records), weighted by each prompt's speculative steps; '-'
     where those prompts took no speculative step (or none were recorded)."""
-    later = [p for p in per_prompt[len(per_prompt) // 2 :] if p["speculative_calls"] > 0]
+    later = [p for p in later_half(per_prompt) if p["speculative_calls"] > 0]
     calls = sum(p["speculative_calls"] for p in later)
     if not calls:
         return "-"
@@ -203,7 +209,7 @@ def later_half_speedup(per_prompt: Sequence[dict]) -> str:
     within 15% of their measurement; '-' where no such prompt was recorded."""
     later = [
         p
-        for p in per_prompt[len(per_prompt) // 2 :]
+        for p in later_half(per_prompt)
         if "speedup" in p and p["speculative_calls"] > 0 and p["plain_calls"] == 0
     ]
     if not later:

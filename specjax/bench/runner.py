@@ -118,11 +118,12 @@ class SpecjaxRunner(Runner):
     def warm_indices(self) -> list[int]:
         from specjax.decode import prepare_prompts
 
-        if self.replays_shifts or (self.drafter is not None and self.method.auto):
+        if self.drafter is not None and self.method.auto:
             # A default call may choose another tree for another prompt (its cost context
-            # depends on the prompt's cache length, specjax.choice.cost_context): each is
-            # warmed, so that no timed run compiles one (bench_t1.md once timed a compile in
-            # the first repetition of an auto-tree row).
+            # depends on the prompt's cache length, specjax.choice.cost_context; an adapting
+            # one also learns from the prompts before, see replays_shifts): each is warmed, so
+            # that no timed run compiles one (bench_t1.md once timed a compile in the first
+            # repetition of an auto-tree row).
             return list(range(len(self.prompts.prompts)))
         extra = 0
         if self.drafter is not None and not self.method.auto:

@@ -17,7 +17,7 @@ from flax import nnx
 from specjax.config import SamplingConfig, SpecConfig, TreeConfig
 from specjax.drafters.loading import load_drafter
 from specjax.models.drafter import DrafterConfig, DrafterNet, target_parts
-from specjax.train.checkpoint import save_drafter, write_card
+from specjax.train.checkpoint import load_drafter_net, read_header, save_drafter, write_card
 from specjax.train.data import DistillConfig, build_dataset, draft_vocabulary, load_dataset
 from specjax.train.trainer import TrainConfig, feature_scale, train
 
@@ -135,8 +135,6 @@ def train_drafter(
             f"the recipe fuses layers {recipe.fusion_layers}, the features hold {stored}"
         )
     if init_from is not None:
-        from specjax.train.checkpoint import read_header
-
         read_header(init_from)  # a wrong folder names itself before the distillation
     import specjax
 
@@ -244,8 +242,6 @@ def train_drafter(
 def start_from(net: DrafterNet, path: str | Path) -> None:
     """Set net's weights to those of the drafter saved at path (its config and draft vocabulary
     must equal net's: a continuation trains the same drafter further)."""
-    from specjax.train.checkpoint import load_drafter_net
-
     saved = load_drafter_net(path)
     if saved.config != net.config:
         raise ValueError(
