@@ -1,10 +1,13 @@
 """How a drafter's greedy acceptance profile depends on where the calibration prompts come from:
-the held-in sources SpecConfig.auto()'s profiles are measured on (the card's mix, and each of
-the project's prompt generators alone) against evaluation sets the drafters never trained on
-(MT-bench, EAGLE's qa; evaluation only: nothing here is written into a checkpoint or a cache).
+held-in sources (the card's former mix of the broad and task generators, each of the project's
+prompt generators alone, user turns the target writes itself, which SpecConfig.auto()'s profiles
+are now measured on) against evaluation sets the drafters never trained on (MT-bench, EAGLE's
+qa; evaluation only: nothing here is written into a checkpoint or a cache).
 
     python experiments/acceptance_by_source.py                       # both SmolLM2 drafters
     python experiments/acceptance_by_source.py --drafter checkpoints/smollm2-eagle --n 16
+    python experiments/acceptance_by_source.py --source "self-written turns" --source \
+        "MT-bench first turns"                                       # some sources only
 
 Each source: n prompts (chat template) decoded greedily with the calibration probe, dynamic
 (63, 8, 4), max_new_tokens each (specjax.acceptance.calibrate, as experiments/calibrate_drafters.py
@@ -18,6 +21,7 @@ experiments/results/acceptance_by_source.md. ~1 min per source and drafter on 2 
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -26,8 +30,8 @@ RESULTS = Path(__file__).resolve().parent / "results"
 TREES = ((3, 2, 4), (7, 3, 4), (15, 5, 4), (31, 6, 4))
 
 
-def sources(tokenizer, n: int) -> dict:
-    """{name: (token-id prompts, held-in?)}."""
+def sources(model, tokenizer, n: int, only=None) -> dict:
+    """{name: (token-id prompts, held-in?)}; only: the names to build (None: all)."""
     from specjax.calibration import CALIBRATION_SEED, held_in_prompts
     from specjax.datasets import (
         SPEC_BENCH_FILES,
@@ -46,13 +50,33 @@ def sources(tokenizer, n: int) -> dict:
         questions = select_questions(read_spec_bench(SPEC_BENCH_FILES[name]), n)
         return chat([q.turns[0] for q in questions])
 
+    def self_written():
+        import tempfile
+
+        from specjax.train.self_prompts import write_user_turns
+
+        with tempfile.TemporaryDirectory() as tmp:
+            turns = write_user_turns(model, tokenizer, Path(tmp) / "turns.json", n,
+                                     seed=CALIBRATION_SEED, batch=n)  # fmt: skip
+        return chat(turns)
+
+    makers = {
+        "card's calibration mix (broad + task)": (
+            lambda: held_in_prompts("chat", tokenizer, n)[0], True),
+        "broad_prompts": (lambda: chat(broad_prompts(n, seed=CALIBRATION_SEED)), True),
+        "task_prompts": (lambda: chat(task_prompts(n, seed=CALIBRATION_SEED)), True),
+        "synthetic_prompts": (lambda: chat(synthetic_prompts(n, seed=CALIBRATION_SEED)), True),
+        "self-written turns": (self_written, True),
+        "MT-bench first turns": (lambda: evaluation("mt_bench"), False),
+        "EAGLE qa first turns": (lambda: evaluation("qa"), False),
+    }  # fmt: skip
+    unknown = set(only or ()) - set(makers)
+    if unknown:
+        raise SystemExit(f"unknown sources {sorted(unknown)}; choose from {sorted(makers)}")
     return {
-        "card's calibration mix (broad + task)": (held_in_prompts("chat", tokenizer, n)[0], True),
-        "broad_prompts": (chat(broad_prompts(n, seed=CALIBRATION_SEED)), True),
-        "task_prompts": (chat(task_prompts(n, seed=CALIBRATION_SEED)), True),
-        "synthetic_prompts": (chat(synthetic_prompts(n, seed=CALIBRATION_SEED)), True),
-        "MT-bench first turns": (evaluation("mt_bench"), False),
-        "EAGLE qa first turns": (evaluation("qa"), False),
+        name: (make(), held_in)
+        for name, (make, held_in) in makers.items()
+        if only is None or name in only
     }
 
 
@@ -68,13 +92,14 @@ def main(argv=None) -> int:
     parser.add_argument("--drafter", action="append", default=None, help="drafter directory")
     parser.add_argument("--n", type=int, default=8, help="prompts per source")
     parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--source", action="append", default=None, help="only these sources")
     parser.add_argument("--out", default=str(RESULTS / "acceptance_by_source.md"))
     args = parser.parse_args(argv)
 
     t_start = time.perf_counter()
     loaded = specjax.load(shared_path(SMOLLM2))
     probe = TreeConfig.dynamic(63, 8, 4)
-    prompt_sets = sources(loaded.tokenizer, args.n)
+    prompt_sets = sources(loaded.model, loaded.tokenizer, args.n, args.source)
     paths = args.drafter or [repo_dir() / p for p in (SMOLLM2_EAGLE, SMOLLM2_MDC)]
     rows = []
     for path in map(Path, paths):
@@ -88,7 +113,7 @@ def main(argv=None) -> int:
             print(f"{path.name} | {name}: probe tau {profile.measured_tau:.2f}", flush=True)
 
     tree_heads = " | ".join(f"dynamic{t}" for t in TREES)
-    command = " ".join(["python experiments/acceptance_by_source.py", *(argv or sys.argv[1:])])
+    command = "python experiments/acceptance_by_source.py " + shlex.join(argv or sys.argv[1:])
     lines = [
         "# Acceptance by prompt source: held-in calibration prompts against evaluation sets",
         "",
@@ -115,8 +140,9 @@ def main(argv=None) -> int:
         "",
         "probe tau: tokens per target call of the probe tree itself; dynamic(nodes, depth, "
         "top-k): the tau the profile predicts for that tree (exact for greedy decoding on these "
-        "prompts, specjax.acceptance). The default call predicts from the card's mix and scales "
-        "acceptance by what its earlier calls measured (specjax.adaptation).",
+        "prompts, specjax.acceptance). The default call predicts from the card's profile, measured "
+        "on self-written turns (specjax.calibration.calibration_prompts; before, on the card's "
+        "mix), and scales acceptance by what its earlier calls measured (specjax.adaptation).",
     ]
     Path(args.out).write_text("\n".join(lines) + "\n")
     print(f"wrote {args.out}")

@@ -1,4 +1,5 @@
-"""Acceptance profiles of the shipped drafters on held-in prompts (specjax.calibration): writes
+"""Acceptance profiles of the shipped drafters on held-in prompts (specjax.calibration: user turns
+the target writes itself for SmolLM2, TinyStories training prefixes for stories260K): writes
 each trained drafter's acceptance.json next to its weights with a summary in its CARD.md, and
 calibrates the draft-model and self-draft pairs of the bench suites into the cost cache
 ($SPECJAX_CACHE, else ~/.cache/specjax). SpecConfig.auto() reads both.
@@ -7,9 +8,9 @@ calibrates the draft-model and self-draft pairs of the bench suites into the cos
     python experiments/calibrate_drafters.py --only stories260K
 
 Greedy and temperature-1 profiles, every probe tree of specjax.choice (static (4,2,1,1,1,1,1,1);
-dynamic 63 nodes, depth 8, top-4 and top-8), 8 prompts x 64 new tokens. About 10 minutes on 2
-CPU cores for everything. Training (specjax.train.pipeline) runs the same calibration for a new
-drafter.
+dynamic 63 nodes, depth 8, top-4 and top-8), 16 SmolLM2 turns / 8 story prefixes x 64 new
+tokens. About 15 minutes on 2 CPU cores for everything. Training (specjax.train.pipeline) runs
+the same calibration for a new drafter.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ import time
 def main(argv=None) -> int:
     from specjax.calibration import (
         calibrate_drafter,
+        calibration_prompts,
         ensure_pair_profiles,
-        held_in_prompts,
         write_checkpoint_profiles,
     )
     from specjax.drafters import LMDrafter, load_drafter
@@ -57,7 +58,7 @@ def main(argv=None) -> int:
             continue
         target = load(shared_path(model_path))
         eos = None if kind == "story" else target.tokenizer.eos_id
-        prompts, description = held_in_prompts(kind, target.tokenizer)
+        prompts, description = calibration_prompts(kind, target.model, target.tokenizer)
         for rel in feature:
             folder = repo_dir() / rel
             t0 = time.perf_counter()
@@ -73,7 +74,8 @@ def main(argv=None) -> int:
             else:
                 drafter = LMDrafter(load(shared_path(spec)).model)
             t0 = time.perf_counter()
-            ensure_pair_profiles(target.model, drafter, prompts, description=description,
+            held_in = (prompts, description)
+            ensure_pair_profiles(target.model, drafter, lambda held_in=held_in: held_in,
                                  eos_id=eos)  # fmt: skip
             say(f"{name} + {spec}: {time.perf_counter() - t0:.0f}s")
     return 0

@@ -6,6 +6,7 @@ in the gitignored cache.
     python experiments/distill_answers.py --shards 10      # stop after 10 new shards
     python experiments/distill_answers.py --set smollm2-broad   # another answer set
     python experiments/distill_answers.py --set smollm2-tasks   # translate, summarize, ...
+    python experiments/distill_answers.py --set smollm2-self    # turns the target writes
 
 Resumable: shards already answered are skipped (their features are rebuilt teacher-forced when
 the cache lacks them), so each run adds to what earlier runs wrote.
@@ -59,11 +60,26 @@ TASKS_CHAT = DistillConfig(
     batch=64,
 )
 
+# Greedy answers to user turns the target writes itself after its chat template's user header
+# (specjax.train.self_prompts; the turns are kept in the answers directory, user_turns.json),
+# shards of 64 answers whose prompts are length-sorted within windows of 8 shards.
+SELF_CHAT = DistillConfig(
+    kind="chat",
+    sets=(),
+    synthetic_prompts=4096,
+    prompt_style="self",
+    sort_window=8,
+    temperatures=(0.0,),
+    max_new_tokens=192,
+    batch=64,
+)
+
 # name -> (target checkpoint under the shared folder, distillation settings)
 ANSWER_SETS = {
     "smollm2-synthetic": (SMOLLM2, SYNTHETIC_CHAT),
     "smollm2-broad": (SMOLLM2, BROAD_CHAT),
     "smollm2-tasks": (SMOLLM2, TASKS_CHAT),
+    "smollm2-self": (SMOLLM2, SELF_CHAT),
     "smollm2-chat": (SMOLLM2, CHAT_SETS),
 }
 

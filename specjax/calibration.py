@@ -1,15 +1,20 @@
 """Held-in calibration of acceptance profiles (specjax.acceptance): prompts from the training
-side of the shared data (never MT-bench or the EAGLE question files), and the runs that write a
-trained drafter's acceptance.json or a draft-model pair's cached profile.
+side of the data (never MT-bench or the EAGLE question files), and the runs that write a trained
+drafter's acceptance.json or a draft-model pair's cached profile.
 
-Chat targets calibrate on the project's broad and task prompt generators
-(specjax.train.broad_prompts and specjax.train.task_prompts, alternating, seed CALIBRATION_SEED,
-not a training seed) in the chat template; story targets on the first words of TinyStories
-training paragraphs. Why both chat generators: the shipped SmolLM2 drafters were trained on
-answers to broad prompts, so broad prompts alone calibrated them on their own training
-distribution (greedy tau 35% above MT-bench's at the default's small trees); the task families
-(translation, summaries, questions on a passage, word problems) are what users also ask and
-what those drafters saw least of.
+Acceptance profiles (calibration_prompts): chat targets calibrate on user turns the target
+writes itself after its chat template's user header (specjax.train.self_prompts, seed
+CALIBRATION_SEED, not a training seed), story targets on the first words of TinyStories training
+paragraphs. Why self-written turns: the project's prompt generators are templates the shipped
+SmolLM2 drafters were trained on, and on them the eagle's probe tree reached 4.54 tokens per call
+against 2.44 on MT-bench first turns; on 16 self-written turns it reached 2.69
+(experiments/results/acceptance_by_source_self.md; 2.49 on EAGLE's qa), so the default call's
+first choices and predictions start near what users' prompts give instead of far above it.
+A drafter trained on self-written turns (answer set smollm2-self, seed 0) is calibrated on turns
+of another seed.
+
+held_in_prompts (the broad and task prompt generators, alternating, in the chat template) stays
+the source of the pre-verifiers' training labels, which need many prompts of known families.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from specjax.config import SamplingConfig
 from specjax.paths import shared_dir
 
 CALIBRATION_SEED = 9173
+CHAT_CALIBRATION_TURNS = 16
 MODES = {"greedy": SamplingConfig(), "sampled": SamplingConfig(temperature=1.0)}
 
 
@@ -52,6 +58,27 @@ def held_in_prompts(kind: str, tokenizer, n: int = 8) -> tuple[list[list[int]], 
         prompts = [tokenizer.encode(" ".join(p.split()[:8]), bos=True) for p in paras]
         return prompts, f"first 8 words of the last {n} paragraphs of tinystories_train_head.txt"
     raise ValueError(f"calibration prompts are for 'chat' or 'story' targets, got {kind!r}")
+
+
+def calibration_prompts(kind: str, model, tokenizer, n: int | None = None):
+    """(token-id prompts, a description) the acceptance profiles are measured on: for "chat",
+    n (default CHAT_CALIBRATION_TURNS) user turns `model` writes itself (seed CALIBRATION_SEED;
+    about a minute for SmolLM2 on 2 CPU cores); for "story", held_in_prompts'."""
+    if kind != "chat":
+        return held_in_prompts(kind, tokenizer, n or 8)
+    import tempfile
+
+    from specjax.datasets import encode_question
+    from specjax.train.self_prompts import write_user_turns
+
+    n = n or CHAT_CALIBRATION_TURNS
+    with tempfile.TemporaryDirectory() as tmp:
+        turns = write_user_turns(model, tokenizer, Path(tmp) / "turns.json", n,
+                                 seed=CALIBRATION_SEED, batch=n)  # fmt: skip
+    return [encode_question(tokenizer, t) for t in turns], (
+        f"{n} user turns the target wrote itself (specjax.train.self_prompts, seed "
+        f"{CALIBRATION_SEED}), chat template"
+    )
 
 
 def calibrate_drafter(
@@ -134,9 +161,11 @@ def update_card(
     card.write_text(text.rstrip("\n") + "\n\n" + section)
 
 
-def ensure_pair_profiles(target, drafter, prompts, *, description: str, eos_id=None) -> None:
+def ensure_pair_profiles(target, drafter, prompts_for, *, eos_id=None) -> None:
     """Calibrate a drafter without a checkpoint profile on held-in prompts unless its pair
-    profile is already cached (so SpecConfig.auto() never calibrates on evaluation prompts)."""
+    profile is already cached (so SpecConfig.auto() never calibrates on evaluation prompts).
+    prompts_for: a function of no arguments giving (prompts, description), called only when a
+    profile is missing (writing self-written turns costs about a minute)."""
     from specjax.acceptance import read_profiles
     from specjax.choice import pair_profile_file
 
@@ -145,6 +174,7 @@ def ensure_pair_profiles(target, drafter, prompts, *, description: str, eos_id=N
     for mode in MODES:
         path = pair_profile_file(target, drafter, mode)
         if not read_profiles(path):
+            prompts, description = prompts_for()
             write_profiles(path, calibrate_drafter(
                 target, drafter, prompts, description=description, modes=(mode,), eos_id=eos_id,
             ))  # fmt: skip

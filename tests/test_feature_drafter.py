@@ -302,7 +302,8 @@ def test_checkpoint_round_trip(tmp_path, tiny_target, kind):
 
 def test_continuation_starts_from_the_saved_weights(tmp_path, tiny_target):
     """train_drafter(init_from=DIR) starts from DIR's weights: equal after start_from; a saved
-    drafter of another config or draft vocabulary is refused."""
+    drafter of another config or draft vocabulary is refused (train_drafter builds the net with
+    the saved vocabulary: test_a_continuation_on_other_data_keeps_its_draft_vocabulary)."""
     from specjax.train.pipeline import start_from
 
     saved = make_drafter("eagle", tiny_target, seed=7).net
@@ -586,3 +587,30 @@ def test_drafter_switches_parse_alone_and_combined():
     assert split_drafter_switch("ckpt/d:other") == ("ckpt/d:other", {})  # not a switch
     with pytest.raises(ValueError, match="twice"):
         split_drafter_switch("ckpt/d:fresh1:fresh2")
+
+
+def test_a_continuation_on_other_data_keeps_its_draft_vocabulary(tmp_path):
+    """train_drafter(init_from=DIR) on data whose most frequent tokens differ trains DIR's
+    drafter further: the saved vocabulary is DIR's, not the one the new data would give."""
+    from specjax.paths import STORIES260K, shared_path
+    from specjax.train.data import DistillConfig, draft_vocabulary, load_dataset
+    from specjax.train.pipeline import DrafterRecipe, train_drafter
+
+    def recipe(temperature, n):
+        distill = DistillConfig(kind="story", n_prompts=n, temperatures=(temperature,),
+                                max_new_tokens=8, batch=8)  # fmt: skip
+        train = TrainConfig(steps=2, batch=4, levels=2)
+        return DrafterRecipe(kind="eagle", data_kind="story", distill=distill, train=train,
+                             draft_vocab=24)  # fmt: skip
+
+    target = shared_path(STORIES260K)
+    first = train_drafter(target, recipe(0.0, 8), tmp_path / "first", data_dir=tmp_path / "a",
+                          eval_n=1, calibrate=False, log=lambda *_: None)  # fmt: skip
+    other = recipe(1.0, 16)
+    second = train_drafter(target, other, tmp_path / "second", data_dir=tmp_path / "b", eval_n=1,
+                           calibrate=False, init_from=first, log=lambda *_: None)  # fmt: skip
+    saved = np.asarray(load_drafter_net(first).draft_vocab[...])
+    own = draft_vocabulary(load_dataset(tmp_path / "b"), 24, 512, (2,))
+    assert not np.array_equal(own, saved)  # the new data alone would pick other tokens
+    np.testing.assert_array_equal(np.asarray(load_drafter_net(second).draft_vocab[...]), saved)
+    assert "those of the drafter it continues" in (second / "CARD.md").read_text()

@@ -134,17 +134,17 @@ def _drafters(target: Target, methods: Sequence[Method]) -> dict[str, object]:
 
 
 def _calibrate_held_in(target, methods, drafters, kind, log) -> None:
-    from specjax.calibration import ensure_pair_profiles, held_in_prompts
+    import functools
+
+    from specjax.calibration import calibration_prompts, ensure_pair_profiles
 
     auto = {m.drafter for m in methods if m.kind == SPEC and m.auto}
     if not auto:
         return
-    prompts, description = held_in_prompts(kind, target.tokenizer)
+    prompts_for = functools.cache(lambda: calibration_prompts(kind, target.model, target.tokenizer))
     for spec in sorted(auto):
         t0 = time.perf_counter()
-        ensure_pair_profiles(
-            target.model, drafters[spec], prompts, description=description, eos_id=target.eos_id
-        )
+        ensure_pair_profiles(target.model, drafters[spec], prompts_for, eos_id=target.eos_id)
         log(f"[bench] acceptance profile of {spec}: ready in {time.perf_counter() - t0:.0f}s")
 
 

@@ -28,7 +28,8 @@ feature cache and grows across runs.
 Prompt sets (held-out sets are never used here: MT-bench and EAGLE's qa set for chat targets,
 TinyStories dev paragraphs for story targets):
     chat:  first turns of EAGLE's alpaca, gsm8k, humaneval and sum question files (`sets`), plus
-           `synthetic_prompts` generated user turns (specjax.train.prompts), chat template;
+           `synthetic_prompts` generated user turns (specjax.train.prompts, broad_prompts,
+           task_prompts, or turns the target writes itself: self_prompts), chat template;
     story: the first 8 words of the TinyStories train-split paragraphs in the shared data folder.
 """
 
@@ -54,7 +55,7 @@ from specjax.tree import causal_mask
 
 CHAT_TRAIN_SETS = ("alpaca", "gsm8k", "humaneval", "sum")
 STORY_TRAIN_FILE = "tinystories_train_head.txt"
-PROMPT_STYLES = ("basic", "broad", "tasks")
+PROMPT_STYLES = ("basic", "broad", "tasks", "self")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -76,7 +77,8 @@ class DistillConfig:
     # "basic": specjax.train.prompts (short everyday requests); "broad":
     # specjax.train.broad_prompts (multi-part requests in eight task families); "tasks":
     # specjax.train.task_prompts (translate, summarize, questions on a passage, word problems,
-    # answers from given context)
+    # answers from given context); "self": user turns the target writes itself
+    # (specjax.train.self_prompts; kept in the answers directory, which is required)
     prompt_style: str = "basic"
     # Answer order: None sorts all prompts longest first (least padding); k sorts within windows
     # of k shards only, so that the first shards of a partly answered set already cover every
@@ -100,8 +102,11 @@ class DistillConfig:
             )
 
 
-def training_prompts(tokenizer, cfg: DistillConfig) -> list[list[int]]:
-    """Prompt ids for distillation (see the module docstring for the sets)."""
+def training_prompts(
+    tokenizer, cfg: DistillConfig, user_turns: list[str] | None = None
+) -> list[list[int]]:
+    """Prompt ids for distillation (see the module docstring for the sets). user_turns: the
+    written turns of prompt_style "self" (specjax.train.self_prompts), in their order."""
     from specjax.datasets import SPEC_BENCH_FILES, encode_question, read_spec_bench
 
     if cfg.kind == "chat":
@@ -109,11 +114,16 @@ def training_prompts(tokenizer, cfg: DistillConfig) -> list[list[int]]:
         from specjax.train.prompts import synthetic_prompts
         from specjax.train.task_prompts import task_prompts
 
-        make = {"broad": broad_prompts, "tasks": task_prompts}.get(
-            cfg.prompt_style, synthetic_prompts
-        )
         texts = [q.turns[0] for name in cfg.sets for q in read_spec_bench(SPEC_BENCH_FILES[name])]
-        texts += make(cfg.synthetic_prompts, seed=cfg.seed)
+        if cfg.prompt_style == "self":
+            if user_turns is None:
+                raise ValueError('prompt_style "self" needs the written user_turns')
+            texts += user_turns[: cfg.synthetic_prompts]
+        else:
+            make = {"broad": broad_prompts, "tasks": task_prompts}.get(
+                cfg.prompt_style, synthetic_prompts
+            )
+            texts += make(cfg.synthetic_prompts, seed=cfg.seed)
         prompts = [encode_question(tokenizer, t) for t in texts]
     else:
         text = (shared_dir() / "data" / STORY_TRAIN_FILE).read_text(encoding="utf-8")
@@ -235,6 +245,26 @@ def _save(path: Path, data: dict, compressed: bool = False) -> None:
     tmp.rename(path)
 
 
+def _user_turns(loaded, cfg: DistillConfig, answers_dir, max_shards) -> list[str] | None:
+    """prompt_style "self": the turns the shards up to max_shards answer (whole windows of
+    sort_window shards, whose order depends on every prompt in them), written now where the
+    answers directory's user_turns.json lacks them; None for the other styles."""
+    from specjax.train.self_prompts import TURNS_FILE, write_user_turns
+
+    if cfg.prompt_style != "self":
+        return None
+    if answers_dir is None:
+        raise ValueError('prompt_style "self" keeps its user turns beside the answers: give '
+                         "answers_dir")  # fmt: skip
+    n = cfg.synthetic_prompts
+    if max_shards is not None:
+        window = (cfg.sort_window or 1) * cfg.batch
+        n = min(n, -(-max_shards * cfg.batch // window) * window)
+    return write_user_turns(
+        loaded.model, loaded.tokenizer, Path(answers_dir) / TURNS_FILE, n, seed=cfg.seed
+    )
+
+
 def build_dataset(
     loaded,
     out_dir: str | Path,
@@ -261,7 +291,7 @@ def build_dataset(
         answers_dir = Path(answers_dir)
         _check_manifest(answers_dir, {"source": Path(source).name, "config": manifest["config"]})
     tok = loaded.tokenizer
-    prompts = training_prompts(tok, cfg)
+    prompts = training_prompts(tok, cfg, _user_turns(loaded, cfg, answers_dir, max_shards))
     # Longest prompts first within each temperature (or within windows), so shards pad little.
     window = len(prompts) if cfg.sort_window is None else cfg.sort_window * cfg.batch
     order = [

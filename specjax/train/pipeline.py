@@ -127,8 +127,9 @@ def train_drafter(
     feature directories hold (default: the recipe's); a drafter without fusion can train on
     fused features, so that the variants of a comparison share one feature cache.
     init_from: a drafter directory whose weights the training starts from instead of a fresh
-    initialisation (a continuation with its own schedule); its config and draft vocabulary must
-    be the ones this recipe and data give, else ValueError before training."""
+    initialisation (a continuation with its own schedule, on the recipe's data or on other
+    data); it keeps that drafter's draft vocabulary, and its config must be the one this recipe
+    gives, else ValueError before training."""
     stored = recipe.fusion_layers if data_fusion_layers is None else tuple(data_fusion_layers)
     if recipe.fusion_layers not in ((), stored):
         raise ValueError(
@@ -159,9 +160,12 @@ def train_drafter(
         f"width {data.tokens.shape[1]}"
     )
     eos = loaded.tokenizer.eos_id if loaded.tokenizer else None
-    vocab = draft_vocabulary(
-        data, recipe.draft_vocab, target.config.vocab_size, () if eos is None else (eos,)
-    )
+    if init_from is None:
+        vocab = draft_vocabulary(
+            data, recipe.draft_vocab, target.config.vocab_size, () if eos is None else (eos,)
+        )
+    else:  # a continuation keeps its drafter's vocabulary, whatever data it trains on now
+        vocab = np.asarray(load_drafter_net(init_from).draft_vocab[...])
     cfg = DrafterConfig(
         kind=recipe.kind,
         target=target.config,
@@ -214,8 +218,12 @@ def train_drafter(
             f"<= {recipe.distill.max_new_tokens} new tokens each"
             + (f", plus the answer sets {_extra_sets(extra_data)}" if extra_data else "")
         ),
-        "draft vocabulary": f"{len(vocab)} most frequent answer tokens "
-        f"(cover {coverage:.1%} of answer tokens)",
+        "draft vocabulary": (
+            f"{len(vocab)} most frequent answer tokens (cover {coverage:.1%} of answer tokens)"
+            if init_from is None
+            else f"{len(vocab)} tokens, those of the drafter it continues (cover {coverage:.1%} "
+            "of these answer tokens)"
+        ),
         "training": (
             f"{summary['steps']} steps x {recipe.train.batch} sequences, {recipe.train.levels} "
             f"unrolled levels, lr {recipe.train.lr}, {summary['answer_tokens_seen']} answer "
@@ -231,9 +239,13 @@ def train_drafter(
     if not calibrate:
         return Path(out_dir)
     log(f"[train-drafter] tau {greedy['tau']:.2f}; card written; calibrating acceptance")
-    from specjax.calibration import calibrate_drafter, held_in_prompts, write_checkpoint_profiles
+    from specjax.calibration import (
+        calibrate_drafter,
+        calibration_prompts,
+        write_checkpoint_profiles,
+    )
 
-    calib, description = held_in_prompts(recipe.data_kind, loaded.tokenizer)
+    calib, description = calibration_prompts(recipe.data_kind, target, loaded.tokenizer)
     profiles = calibrate_drafter(target, drafter, calib, description=description, eos_id=eos)
     write_checkpoint_profiles(out_dir, profiles)
     return Path(out_dir)
@@ -241,7 +253,8 @@ def train_drafter(
 
 def start_from(net: DrafterNet, path: str | Path) -> None:
     """Set net's weights to those of the drafter saved at path (its config and draft vocabulary
-    must equal net's: a continuation trains the same drafter further)."""
+    must equal net's: a continuation trains the same drafter further, so train_drafter builds
+    net with the saved vocabulary)."""
     saved = load_drafter_net(path)
     if saved.config != net.config:
         raise ValueError(
@@ -250,8 +263,8 @@ def start_from(net: DrafterNet, path: str | Path) -> None:
         )
     if not np.array_equal(np.asarray(saved.draft_vocab[...]), np.asarray(net.draft_vocab[...])):
         raise ValueError(
-            f"--init-from {path}: its draft vocabulary is not the one this data gives; "
-            "continue it on the data it was trained on"
+            f"--init-from {path}: its draft vocabulary is not the one net was built with; "
+            "build net with the saved drafter's vocabulary"
         )
     nnx.update(net, nnx.state(saved, nnx.Param))
 
