@@ -17,6 +17,7 @@ from specjax.train.data import DistillConfig, build_dataset, load_dataset
 from specjax.train.self_prompts import keep_turn, ngrams, read_turns, write_user_turns
 
 EOS = 2
+FIXED = list(range(10, 18))  # the words w10 ... w17
 
 
 class WordTokenizer:
@@ -38,7 +39,7 @@ class WordTokenizer:
 
 def fake_generate(model, prompts, *, max_new_tokens, sampling, key, eos_id):
     """Rows of random words from the key, at most 20 tokens when they end: a quarter never reach
-    EOS, one repeats row 0, one is too short."""
+    EOS, one repeats row 0, one is too short, one is FIXED in every batch."""
     import jax
 
     rng = np.random.default_rng(int(jax.random.randint(key, (), 0, 2**31 - 1)))
@@ -51,6 +52,7 @@ def fake_generate(model, prompts, *, max_new_tokens, sampling, key, eos_id):
             tokens[i, lengths[i] - 1] = eos_id
     tokens[1], lengths[1] = tokens[0], lengths[0]
     tokens[2, 2], lengths[2] = eos_id, 3  # two words
+    tokens[4, :9], lengths[4] = [*FIXED, eos_id], 9  # the same 8 words in every batch
     return types.SimpleNamespace(tokens=tokens, lengths=lengths)
 
 
@@ -83,13 +85,26 @@ def test_a_grown_list_extends_the_first(no_target, tmp_path):
     assert grown[:5] == first and grown == at_once
     state = read_turns(tmp_path / "a.json")
     assert state == json.loads((tmp_path / "b.json").read_text())
-    # Each batch of 8 drops its 2 unfinished rows, its repeat and its short row.
-    assert state["dropped"] == 4 * state["batches"]
+    # Each batch of 8 drops its 2 unfinished rows, its repeat and its short row, and every batch
+    # after the first its FIXED row (a repeat of the first batch's).
+    assert state["dropped"] == 5 * state["batches"] - 1
     assert len(set(state["turns"])) == len(state["turns"])
+    assert "evaluation_overlaps" not in state
     other = write_user_turns(model, tok, tmp_path / "c.json", 20, seed=4, batch=8, max_tokens=12)
     assert other != grown
     with pytest.raises(ValueError, match="seed 3"):
         write_user_turns(model, tok, tmp_path / "a.json", 30, seed=4)
+
+
+def test_turns_that_overlap_an_evaluation_turn_are_counted_apart(no_target, monkeypatch, tmp_path):
+    fixed = WordTokenizer().decode(FIXED)
+    monkeypatch.setattr(self_prompts, "evaluation_ngrams", lambda n=8: ngrams(fixed))
+    turns = write_user_turns(object(), WordTokenizer(), tmp_path / "t.json", 20, seed=3, batch=8,
+                             max_tokens=12)  # fmt: skip
+    state = read_turns(tmp_path / "t.json")
+    assert fixed not in turns
+    assert state["evaluation_overlaps"] == state["batches"]
+    assert state["dropped"] == 5 * state["batches"]
 
 
 def test_a_target_that_never_ends_a_turn_is_an_error(monkeypatch, tmp_path):

@@ -71,17 +71,27 @@ def evaluation_ngrams(n: int = NGRAM) -> set[tuple[str, ...]]:
     return grams
 
 
-def keep_turn(text: str, finished: bool, seen: set[str], excluded: set[tuple[str, ...]]) -> bool:
-    """Whether a written turn joins the list: it ended (EOS), has MIN_WORDS words, is new, and
-    shares no NGRAM-word run with an evaluation turn."""
+def drop_reason(text: str, finished: bool, seen: set[str], excluded) -> str | None:
+    """Why a written turn does not join the list ("unfinished", "short", "repeat",
+    "evaluation overlap": it shares an NGRAM-word run with an evaluation turn), or None."""
     text = text.strip()
-    if not finished or len(_words(text)) < MIN_WORDS or text in seen:
-        return False
-    return not (ngrams(text) & excluded)
+    if not finished:
+        return "unfinished"
+    if len(_words(text)) < MIN_WORDS:
+        return "short"
+    if text in seen:
+        return "repeat"
+    return "evaluation overlap" if ngrams(text) & excluded else None
+
+
+def keep_turn(text: str, finished: bool, seen: set[str], excluded: set[tuple[str, ...]]) -> bool:
+    """Whether a written turn joins the list (drop_reason gives none)."""
+    return drop_reason(text, finished, seen, excluded) is None
 
 
 def read_turns(path: str | Path) -> dict:
-    """{"seed", "batches", "dropped", "turns"} from a turns file ({} when absent)."""
+    """{"seed", "batches", "dropped", "evaluation_overlaps" (when any), "turns"} from a turns
+    file ({} when absent)."""
     path = Path(path)
     return json.loads(path.read_text()) if path.exists() else {}
 
@@ -133,11 +143,14 @@ def write_user_turns(
         for row, length in zip(tokens, lengths, strict=True):
             finished = length > 0 and row[length - 1] == tokenizer.eos_id
             text = tokenizer.decode(row[: length - 1 if finished else length].tolist()).strip()
-            if keep_turn(text, finished, seen, excluded):
+            reason = drop_reason(text, finished, seen, excluded)
+            if reason is None:
                 turns.append(text)
                 seen.add(text)
             else:
                 state["dropped"] += 1
+                if reason == "evaluation overlap":  # counted apart: evaluation stays clean
+                    state["evaluation_overlaps"] = state.get("evaluation_overlaps", 0) + 1
         state["batches"] += 1
         barren = barren + 1 if len(turns) == before else 0
         path.parent.mkdir(parents=True, exist_ok=True)
