@@ -15,6 +15,7 @@ the cache lacks them), so each run adds to what earlier runs wrote.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -49,30 +50,12 @@ BROAD_CHAT = DistillConfig(
 # Greedy answers to requests that work on a given text or numbers (specjax.train.task_prompts:
 # translation, summarization, questions on a passage, word problems, answers from given context),
 # shards of 64 answers whose prompts are length-sorted within windows of 8 shards.
-TASKS_CHAT = DistillConfig(
-    kind="chat",
-    sets=(),
-    synthetic_prompts=4096,
-    prompt_style="tasks",
-    sort_window=8,
-    temperatures=(0.0,),
-    max_new_tokens=192,
-    batch=64,
-)
+TASKS_CHAT = dataclasses.replace(BROAD_CHAT, prompt_style="tasks")
 
 # Greedy answers to user turns the target writes itself after its chat template's user header
 # (specjax.train.self_prompts; the turns are kept in the answers directory, user_turns.json),
 # shards of 64 answers whose prompts are length-sorted within windows of 8 shards.
-SELF_CHAT = DistillConfig(
-    kind="chat",
-    sets=(),
-    synthetic_prompts=4096,
-    prompt_style="self",
-    sort_window=8,
-    temperatures=(0.0,),
-    max_new_tokens=192,
-    batch=64,
-)
+SELF_CHAT = dataclasses.replace(BROAD_CHAT, prompt_style="self")
 
 # name -> (target checkpoint under the shared folder, distillation settings)
 ANSWER_SETS = {
