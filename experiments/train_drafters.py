@@ -233,6 +233,11 @@ def main(argv=None) -> int:
         "schedule: a continuation",
     )
     parser.add_argument(
+        "--no-calibrate",
+        action="store_true",
+        help="skip the acceptance profile (a comparison run; calibrate_drafters.py adds it later)",
+    )
+    parser.add_argument(
         "--remeasure",
         action="store_true",
         help="no training: measure the saved drafters' tau again and rewrite their cards",
@@ -271,6 +276,7 @@ def main(argv=None) -> int:
             eval_n=args.eval_n,
             reproduce=_command(name, args),
             init_from=args.init_from,
+            calibrate=not args.no_calibrate,
         )
     return 0
 
