@@ -303,7 +303,8 @@ def test_checkpoint_round_trip(tmp_path, tiny_target, kind):
 def test_continuation_starts_from_the_saved_weights(tmp_path, tiny_target):
     """train_drafter(init_from=DIR) starts from DIR's weights: equal after start_from; a saved
     drafter of another config or draft vocabulary is refused (train_drafter builds the net with
-    the saved vocabulary: test_a_continuation_on_other_data_keeps_its_draft_vocabulary)."""
+    the saved vocabulary: choose_draft_vocab, below, and the slow
+    test_a_continuation_on_other_data_keeps_its_draft_vocabulary end to end)."""
     from specjax.train.pipeline import start_from
 
     saved = make_drafter("eagle", tiny_target, seed=7).net
@@ -335,6 +336,19 @@ def test_continuation_starts_from_the_saved_weights(tmp_path, tiny_target):
         start_from(
             fresh(vocab=np.arange(tiny_target.config.vocab_size)[::-1].copy()), tmp_path / "d"
         )
+
+    # A drafter of 6 tokens saved; data whose most frequent answer tokens are others.
+    from specjax.train.pipeline import choose_draft_vocab
+
+    small = fresh(vocab=np.array([0, 1, 2, 3, 4, 5]))
+    save_drafter(small, tmp_path / "s", target_name="tiny", dtype="float32", target=tiny_target)
+    tokens = np.array([[9, 10, 11, 12, 13, 14, 10, 11]], np.int32)
+    data = Dataset(tokens=tokens, feats=np.zeros((1, 8, 4), np.float16),
+                   lengths=np.array([8]), prompt_lens=np.array([1]))  # fmt: skip
+    own = choose_draft_vocab(data, 6, tiny_target.config.vocab_size, 2)
+    assert 2 in own and 10 in own and 0 not in own
+    kept = choose_draft_vocab(data, 6, tiny_target.config.vocab_size, 2, init_from=tmp_path / "s")
+    np.testing.assert_array_equal(kept, [0, 1, 2, 3, 4, 5])
 
 
 def test_errors_name_the_problem(tmp_path, tiny_target):
@@ -589,6 +603,7 @@ def test_drafter_switches_parse_alone_and_combined():
         split_drafter_switch("ckpt/d:fresh1:fresh2")
 
 
+@pytest.mark.slow
 def test_a_continuation_on_other_data_keeps_its_draft_vocabulary(tmp_path):
     """train_drafter(init_from=DIR) on data whose most frequent tokens differ trains DIR's
     drafter further: the saved vocabulary is DIR's, not the one the new data would give."""

@@ -160,12 +160,7 @@ def train_drafter(
         f"width {data.tokens.shape[1]}"
     )
     eos = loaded.tokenizer.eos_id if loaded.tokenizer else None
-    if init_from is None:
-        vocab = draft_vocabulary(
-            data, recipe.draft_vocab, target.config.vocab_size, () if eos is None else (eos,)
-        )
-    else:  # a continuation keeps its drafter's vocabulary, whatever data it trains on now
-        vocab = np.asarray(load_drafter_net(init_from).draft_vocab[...])
+    vocab = choose_draft_vocab(data, recipe.draft_vocab, target.config.vocab_size, eos, init_from)
     cfg = DrafterConfig(
         kind=recipe.kind,
         target=target.config,
@@ -249,6 +244,15 @@ def train_drafter(
     profiles = calibrate_drafter(target, drafter, calib, description=description, eos_id=eos)
     write_checkpoint_profiles(out_dir, profiles)
     return Path(out_dir)
+
+
+def choose_draft_vocab(data, size: int, vocab_size: int, eos_id, init_from=None) -> np.ndarray:
+    """The draft vocabulary int32 [U]: the `size` most frequent answer tokens of data (EOS
+    always in), or, for a continuation (init_from), the vocabulary of the drafter it continues,
+    whatever data it trains on now."""
+    if init_from is not None:
+        return np.asarray(load_drafter_net(init_from).draft_vocab[...])
+    return draft_vocabulary(data, size, vocab_size, () if eos_id is None else (eos_id,))
 
 
 def start_from(net: DrafterNet, path: str | Path) -> None:
