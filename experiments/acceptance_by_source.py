@@ -32,7 +32,7 @@ TREES = ((3, 2, 4), (7, 3, 4), (15, 5, 4), (31, 6, 4))
 
 def sources(model, tokenizer, n: int, only=None) -> dict:
     """{name: (token-id prompts, held-in?)}; only: the names to build (None: all)."""
-    from specjax.calibration import CALIBRATION_SEED, held_in_prompts
+    from specjax.calibration import CALIBRATION_SEED, calibration_prompts, held_in_prompts
     from specjax.datasets import (
         SPEC_BENCH_FILES,
         encode_question,
@@ -50,23 +50,13 @@ def sources(model, tokenizer, n: int, only=None) -> dict:
         questions = select_questions(read_spec_bench(SPEC_BENCH_FILES[name]), n)
         return chat([q.turns[0] for q in questions])
 
-    def self_written():
-        import tempfile
-
-        from specjax.train.self_prompts import write_user_turns
-
-        with tempfile.TemporaryDirectory() as tmp:
-            turns = write_user_turns(model, tokenizer, Path(tmp) / "turns.json", n,
-                                     seed=CALIBRATION_SEED, batch=n)  # fmt: skip
-        return chat(turns)
-
     makers = {
         "card's calibration mix (broad + task)": (
             lambda: held_in_prompts("chat", tokenizer, n)[0], True),
         "broad_prompts": (lambda: chat(broad_prompts(n, seed=CALIBRATION_SEED)), True),
         "task_prompts": (lambda: chat(task_prompts(n, seed=CALIBRATION_SEED)), True),
         "synthetic_prompts": (lambda: chat(synthetic_prompts(n, seed=CALIBRATION_SEED)), True),
-        "self-written turns": (self_written, True),
+        "self-written turns": (lambda: calibration_prompts("chat", model, tokenizer, n)[0], True),
         "MT-bench first turns": (lambda: evaluation("mt_bench"), False),
         "EAGLE qa first turns": (lambda: evaluation("qa"), False),
     }  # fmt: skip
