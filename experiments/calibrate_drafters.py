@@ -6,6 +6,7 @@ calibrates the draft-model and self-draft pairs of the bench suites into the cos
 
     python experiments/calibrate_drafters.py                 # every shipped drafter and pair
     python experiments/calibrate_drafters.py --only stories260K
+    python experiments/calibrate_drafters.py --drafter smollm2-eagle   # one drafter, no pairs
 
 Greedy and temperature-1 profiles, every probe tree of specjax.choice (static (4,2,1,1,1,1,1,1);
 dynamic 63 nodes, depth 8, top-4 and top-8), 16 SmolLM2 turns / 8 story prefixes x 64 new
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 
 
 def main(argv=None) -> int:
@@ -43,6 +45,9 @@ def main(argv=None) -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", choices=["stories260K", "smollm2"], default=None)
+    parser.add_argument("--drafter", action="append", default=None, metavar="NAME",
+                        help="calibrate only this shipped drafter (checkpoints/NAME; repeatable); "
+                             "the pairs are skipped")  # fmt: skip
     args = parser.parse_args(argv)
 
     def say(message):
@@ -53,9 +58,19 @@ def main(argv=None) -> int:
                         (LLAMA2XS, "self:2")),
         "smollm2": (SMOLLM2, "chat", (SMOLLM2_EAGLE, SMOLLM2_MDC), ("self:8",)),
     }  # fmt: skip
+    shipped = {Path(rel).name for _, _, feature, _ in targets.values() for rel in feature}
+    unknown = sorted(set(args.drafter or ()) - shipped)
+    if unknown:
+        parser.error(f"--drafter {', '.join(unknown)}: not a shipped drafter "
+                     f"(one of {', '.join(sorted(shipped))})")  # fmt: skip
     for name, (model_path, kind, feature, pairs) in targets.items():
         if args.only and name != args.only:
             continue
+        if args.drafter:
+            feature = tuple(rel for rel in feature if Path(rel).name in args.drafter)
+            pairs = ()
+            if not feature:
+                continue
         target = load(shared_path(model_path))
         eos = None if kind == "story" else target.tokenizer.eos_id
         prompts, description = calibration_prompts(kind, target.model, target.tokenizer)
