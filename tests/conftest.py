@@ -51,6 +51,22 @@ def optimized_loop(monkeypatch):
     monkeypatch.setattr(speculative, "_speculative", optimized)
 
 
+@pytest.fixture
+def optimized_hispec_loop(monkeypatch):
+    """HiSpec's loop (specjax.hispec._hispec) compiled at optimization level 3 in this test,
+    for the same reason as optimized_loop: its sampling test runs 120,000 rows."""
+    import jax
+
+    from specjax import hispec
+
+    optimized = jax.jit(
+        hispec._hispec.__wrapped__,
+        static_argnames=("target_def", "hispec_def", "max_new_tokens", "sampling", "attn_impl"),
+        compiler_options={"xla_backend_optimization_level": 3},
+    )
+    monkeypatch.setattr(hispec, "_hispec", optimized)
+
+
 @pytest.fixture(scope="session")
 def shared_dir() -> Path:
     path = _shared_dir()

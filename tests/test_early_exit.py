@@ -117,7 +117,7 @@ def sampled_verifier(target):
         pytest.param("tree_sampled", TreeConfig(branching=(3, 1)), marks=pytest.mark.slow),
     ],
 )
-def test_sampled_distribution_matches_target(target, rule, tree):
+def test_sampled_distribution_matches_target(target, rule, tree, optimized_loop):
     sampling = SamplingConfig(temperature=1.0)
     config = SpecConfig(tree=tree, rule=rule)
     tokens, stats = run_rows(target, sampled_verifier(target), config, sampling)

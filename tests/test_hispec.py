@@ -157,7 +157,7 @@ def sampled_rows(target, seed=0):
 
 
 # In the default run (~35 s on 2 cores); its biased control is under `slow`.
-def test_sampled_distribution_matches_target(target):
+def test_sampled_distribution_matches_target(target, optimized_hispec_loop):
     tokens, s = sampled_rows(target)
     sampling = SamplingConfig(temperature=1.0)
     problem = check_rows(tokens, target, sampling)

@@ -247,7 +247,7 @@ def test_sampled_children_are_never_pruned(target):
     np.testing.assert_allclose(np.asarray(out.stats["verified_nodes"]), 4.0)
 
 
-def test_sampling_with_pruning_matches_target_distribution():
+def test_sampling_with_pruning_matches_target_distribution(optimized_loop):
     """Deterministic (top-k) children pruned by the pre-verifier, sampled decoding (the one-hot
     tree rule): the first depth + 2 tokens follow the target's exact distribution (the
     project's exact-enumeration check, test_lossless_e2e), while the pre-verifier keeps more
