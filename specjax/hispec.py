@@ -428,9 +428,12 @@ class HiSpecLoop:
         return GenerateOutput(tokens=tokens, lengths=final.n_generated, stats=stats)
 
 
-@functools.partial(
-    jax.jit, static_argnames=("target_def", "hispec_def", "max_new_tokens", "sampling", "attn_impl")
-)
+# The static arguments of the jitted loop (also read by tests that compile it with other
+# compiler options).
+HISPEC_STATIC_ARGS = ("target_def", "hispec_def", "max_new_tokens", "sampling", "attn_impl")
+
+
+@functools.partial(jax.jit, static_argnames=HISPEC_STATIC_ARGS)
 def _hispec(target_def, target_params, hispec_def, hispec_params, ids, prompt_lens, keys, eos_id,
             *, max_new_tokens, sampling, attn_impl):  # fmt: skip
     loop = HiSpecLoop(

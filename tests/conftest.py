@@ -33,38 +33,38 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: item.path.name not in LONGEST_FILES)  # stable: order kept
 
 
-@pytest.fixture
-def optimized_loop(monkeypatch):
-    """The speculative loop compiled at XLA's optimization level 3 in this test (the rest of the
-    run compiles at 0, above): the sampling tests execute one loop over 120,000 rows, which
-    runs ~2x faster so (test_feature_drafter's mdc distribution test alone: 127 s at level 0,
-    61 s at level 3 on a 2-core AMD EPYC)."""
+def _compile_optimized(monkeypatch, module, name: str, static_argnames) -> None:
+    """Replace the jitted loop module.name, for one test, by the same function compiled at XLA's
+    optimization level 3 (the rest of the run compiles at 0, above)."""
     import jax
 
-    from specjax import speculative
-
     optimized = jax.jit(
-        speculative._speculative.__wrapped__,
-        static_argnames=speculative.SPECULATIVE_STATIC_ARGS,
+        getattr(module, name).__wrapped__,
+        static_argnames=static_argnames,
         compiler_options={"xla_backend_optimization_level": 3},
     )
-    monkeypatch.setattr(speculative, "_speculative", optimized)
+    monkeypatch.setattr(module, name, optimized)
+
+
+@pytest.fixture
+def optimized_loop(monkeypatch):
+    """The speculative loop compiled at optimization level 3 in this test: the sampling tests
+    execute one loop over 120,000 rows, which runs ~2x faster so (test_feature_drafter's mdc
+    distribution test alone: 127 s at level 0, 61 s at level 3 on a 2-core AMD EPYC)."""
+    from specjax import speculative
+
+    _compile_optimized(
+        monkeypatch, speculative, "_speculative", speculative.SPECULATIVE_STATIC_ARGS
+    )
 
 
 @pytest.fixture
 def optimized_hispec_loop(monkeypatch):
-    """HiSpec's loop (specjax.hispec._hispec) compiled at optimization level 3 in this test,
-    for the same reason as optimized_loop: its sampling test runs 120,000 rows."""
-    import jax
-
+    """HiSpec's loop (specjax.hispec._hispec) compiled at optimization level 3 in this test, for
+    the same reason as optimized_loop (its sampling test: 117 s at level 0, 30 s at level 3)."""
     from specjax import hispec
 
-    optimized = jax.jit(
-        hispec._hispec.__wrapped__,
-        static_argnames=("target_def", "hispec_def", "max_new_tokens", "sampling", "attn_impl"),
-        compiler_options={"xla_backend_optimization_level": 3},
-    )
-    monkeypatch.setattr(hispec, "_hispec", optimized)
+    _compile_optimized(monkeypatch, hispec, "_hispec", hispec.HISPEC_STATIC_ARGS)
 
 
 @pytest.fixture(scope="session")
