@@ -524,15 +524,8 @@ class SteppedRun:
         eos_id: int | None = None,
         verifier=None,
     ):
-        check_speculative_args(target, drafter, config, sampling)
-        verifier = FullVerifier() if verifier is None else verifier
-        tree = config.tree
-        eos = check_eos(eos_id, target.config)
-        ids, lens = prepare_prompts(
-            prompts,
-            target.config,
-            max_new_tokens,
-            extra_slots=tree_reserve(tree.num_nodes, tree.max_depth),
+        verifier, ids, lens, keys, eos = _prepare_run(
+            target, drafter, prompts, max_new_tokens, config, sampling, key, eos_id, verifier
         )
         target_def, target_params = nnx.split(target)
         drafter_def, drafter_params = nnx.split(drafter)
@@ -545,7 +538,7 @@ class SteppedRun:
             *self._parts,
             jnp.asarray(ids),
             jnp.asarray(lens),
-            prepare_keys(key, ids.shape[0]),
+            keys,
             jnp.int32(eos),
             **self._static,
         )
@@ -557,6 +550,24 @@ class SteppedRun:
     def step(self):
         self.state, tree, acc, live = _traced_step(*self._parts, self.state, **self._static)
         return tree, acc, live
+
+
+def _prepare_run(target, drafter, prompts, max_new_tokens, config, sampling, key, eos_id, verifier):
+    """The checks and host-side inputs shared by speculative_decode and SteppedRun: the
+    verifier (FullVerifier when None), the padded prompts ids [B, P] and lengths [B] with room
+    for a step's tree, the per-row keys [B] and the EOS id. Raises ValueError before anything
+    is compiled."""
+    check_speculative_args(target, drafter, config, sampling)
+    verifier = FullVerifier() if verifier is None else verifier
+    tree = config.tree
+    eos = check_eos(eos_id, target.config)
+    ids, lens = prepare_prompts(
+        prompts,
+        target.config,
+        max_new_tokens,
+        extra_slots=tree_reserve(tree.num_nodes, tree.max_depth),
+    )
+    return verifier, ids, lens, prepare_keys(key, ids.shape[0]), eos
 
 
 def check_speculative_args(target, drafter, config: SpecConfig, sampling: SamplingConfig) -> None:
@@ -588,15 +599,9 @@ def speculative_decode(
     """The engine behind specjax.speculative_generate, for an explicit SpecConfig (the
     hardware-aware default is resolved above the engine, in specjax.api). Arguments and output as
     speculative_generate's."""
-    check_speculative_args(target, drafter, config, sampling)
-    verifier = FullVerifier() if verifier is None else verifier
-    cfg = target.config
-    tree = config.tree
-    eos = check_eos(eos_id, cfg)
-    ids, lens = prepare_prompts(
-        prompts, cfg, max_new_tokens, extra_slots=tree_reserve(tree.num_nodes, tree.max_depth)
+    verifier, ids, lens, keys, eos = _prepare_run(
+        target, drafter, prompts, max_new_tokens, config, sampling, key, eos_id, verifier
     )
-    keys = prepare_keys(key, ids.shape[0])
     target_def, target_params = nnx.split(target)
     drafter_def, drafter_params = nnx.split(drafter)
     verifier_def, verifier_params = nnx.split(verifier)
