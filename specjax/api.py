@@ -89,8 +89,11 @@ def _with_pre_verifier(target, drafter, choice):
     """SpecConfig.auto() weighs trees whole. Let the drafter's pre-verifier prune the chosen tree
     when replaying its recorded (greedy) steps under this machine's costs predicts at least
     pre_verifier_local.MIN_GAIN more tokens per second; the predictions are scaled by the
-    replay. Returns (choice, the replay or None)."""
-    prune = pre_verifier_local.pruning_gain(target, drafter, choice.config.tree)
+    replay, priced at the costs the choice measured (its context). Returns (choice, the
+    replay or None)."""
+    prune = pre_verifier_local.pruning_gain(
+        target, drafter, choice.config.tree, context=choice.context
+    )
     if prune is None or prune.gain < pre_verifier_local.MIN_GAIN:
         return choice, prune
     return dataclasses.replace(

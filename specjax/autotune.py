@@ -105,6 +105,14 @@ class VerifyCosts:
         slope = max((ys[-1] - ys[-2]) / (xs[-1] - xs[-2]), 0.0)
         return float(ys[-1] + slope * (n - xs[-1]))
 
+    def with_points(self, other: VerifyCosts) -> VerifyCosts:
+        """These costs with other's timed counts added (other's seconds where both timed one);
+        the grid asked for, the stop rule and the stairs stay these costs'."""
+        merged = dict(zip(self.nodes, self.seconds, strict=True))
+        merged.update(zip(other.nodes, other.seconds, strict=True))
+        nodes = tuple(sorted(merged))
+        return dataclasses.replace(self, nodes=nodes, seconds=tuple(merged[n] for n in nodes))
+
     def relative(self, n: int) -> float:
         """t(n) / t(1): the price of verifying n nodes in single-token decoding steps."""
         return self.t_verify(n) / self.t_verify(1)
@@ -191,15 +199,19 @@ def measure_verify_costs(
     with_ar: bool = True,
     stop_ratio: float = 0.0,
     skip_stairs: bool = False,
+    room: int | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> VerifyCosts:
     """Time the target over blocks of N nodes (for N in `nodes`) at `context` committed
-    positions, batch rows each. The block is a chain (a causal mask): the cost of a tree of N
-    nodes is the same, only the mask differs. with_ar: also time plain decoding (ar_token; else
-    0, unknown). stop_ratio > 0: the grid stops after the first N with t(N) >= stop_ratio x
-    t(1) (the larger counts are not measured; t_verify extrapolates past the last point):
-    SpecConfig.auto() passes twice the best tau any candidate tree can reach, so no tree that
-    large could beat plain decoding (at 32 rows, t(64) alone took ~17 s on a 2-core CPU).
+    positions, batch rows each, in a cache of context + room slots (room: default the largest N;
+    a grid measured in parts passes the whole grid's, so that every count sees one cache length:
+    attention on a CPU runs over the whole static cache). The block is a chain (a causal mask):
+    the cost of a tree of N nodes is the same, only the mask differs. with_ar: also time plain
+    decoding (ar_token; else 0, unknown). stop_ratio > 0: the grid stops after the first N with
+    t(N) >= stop_ratio x t(1) (the larger counts are not measured; t_verify extrapolates past
+    the last point): SpecConfig.auto() passes twice the best tau any candidate tree can reach,
+    so no tree that large could beat plain decoding (at 32 rows, t(64) alone took ~17 s on a
+    2-core CPU).
 
     skip_stairs: the powers of two (and the grid's first and last counts) are timed first; then
     each gap between two of them is probed at its middle count, and where the middle costs at
@@ -217,14 +229,15 @@ def measure_verify_costs(
     nodes = tuple(sorted(set(int(n) for n in nodes)))
     if not nodes or nodes[0] < 1:
         raise ValueError(f"nodes must be positive ints, got {nodes}")
-    if context + max(nodes[-1], AR_TOKENS) > target.config.max_seq_len:
+    room = max(nodes[-1], room or 0)
+    if context + max(room, AR_TOKENS) > target.config.max_seq_len:
         raise ValueError(
-            f"context {context} + max({nodes[-1]} nodes, {AR_TOKENS} decoded tokens) exceeds "
+            f"context {context} + max({room} nodes, {AR_TOKENS} decoded tokens) exceeds "
             f"the model's max_seq_len {target.config.max_seq_len}: lower the context or the "
             "largest node count"
         )
     graphdef, params = nnx.split(target)
-    cache = init_cache(target.config, batch, context + nodes[-1])
+    cache = init_cache(target.config, batch, context + room)
     cache = cache.replace(lengths=jnp.full((batch,), context, jnp.int32))
 
     def forward(params, carry, n):
@@ -425,27 +438,44 @@ def verify_costs(
     there. with_ar: the cost per token of plain decoding is wanted too (SpecConfig.auto() skips
     it when it times candidate steps, which measure plain decoding alongside); stop_ratio: see
     measure_verify_costs; skip_stairs: the interior of a stair of t(N) may be left untimed (see
-    measure_verify_costs)."""
+    measure_verify_costs).
+
+    A plain grid (no stop rule, no skipped stairs: what the pre-verifier's replay asks for) is
+    also served by a file measured for another grid at the same key when that file timed every
+    count it wants; the counts it lacks are timed alone (in the stored grid's cache length, or
+    their own where larger) and added to that file, which keeps the grid it was asked for, so
+    its own caller still finds it. Why: the default call's fine grid and the replay's plain one,
+    at the call's context, would otherwise each time the same counts on a first call (~18 s of
+    SmolLM2's on a 2-core CPU), and each would overwrite the other's file for the next process."""
     folder = Path(folder) if folder is not None else cache_dir()
     key = cost_key(target, batch=batch, context=context)
     path = _cache_file(key, folder)
     wanted = tuple(sorted(set(int(n) for n in nodes)))
+    plain_grid = not stop_ratio and not skip_stairs
+    stored = None
     if path.exists() and not refresh:
         try:
             costs = VerifyCosts.from_json(json.loads(path.read_text()))
         except (ValueError, KeyError, TypeError):
             costs = None  # an unreadable file is measured again and rewritten
-        if (
-            costs is not None
-            and costs.key == key
-            and (costs.requested, costs.stop_ratio, costs.skip_stairs)
-            == (wanted, float(stop_ratio), skip_stairs)
-            and (costs.ar_token > 0 or not with_ar)
-        ):
-            return costs
-    costs = measure_verify_costs(target, batch=batch, context=context, nodes=wanted, reps=reps,
-                                 with_ar=with_ar, stop_ratio=stop_ratio,
-                                 skip_stairs=skip_stairs, progress=progress)  # fmt: skip
+        if costs is not None and costs.key == key and (costs.ar_token > 0 or not with_ar):
+            same_grid = (costs.requested, costs.stop_ratio, costs.skip_stairs) == (
+                wanted, float(stop_ratio), skip_stairs,
+            )  # fmt: skip
+            if same_grid or (plain_grid and set(wanted) <= set(costs.nodes)):
+                return costs
+            stored = costs if plain_grid else None
+    if stored is not None:
+        missing = tuple(n for n in wanted if n not in stored.nodes)
+        extra = measure_verify_costs(target, batch=batch, context=context, nodes=missing,
+                                     reps=reps, with_ar=False,
+                                     room=max(stored.requested),
+                                     progress=progress)  # fmt: skip
+        costs = stored.with_points(extra)
+    else:
+        costs = measure_verify_costs(target, batch=batch, context=context, nodes=wanted,
+                                     reps=reps, with_ar=with_ar, stop_ratio=stop_ratio,
+                                     skip_stairs=skip_stairs, progress=progress)  # fmt: skip
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(costs.to_json(), indent=2) + "\n")
     return costs
@@ -508,6 +538,29 @@ class DraftCosts:
             return self.shallow[i]
         per = (self.deep[i] - self.shallow[i]) / (self.deep_depth - 1)
         return self.shallow[i] + per * (tree.max_depth - 1)
+
+    def with_points(self, other: DraftCosts) -> DraftCosts:
+        """These costs with other's shapes added (other's seconds where both timed one); the
+        overhead stays these costs'."""
+        if (other.kind, other.deep_depth) != (self.kind, self.deep_depth):
+            raise ValueError(
+                f"cannot merge {other.kind} draft costs at depth {other.deep_depth} into "
+                f"{self.kind} ones at depth {self.deep_depth}"
+            )
+        if self.kind == "static":
+            merged = dict(zip(self.nodes, self.per_depth, strict=True))
+            merged.update(zip(other.nodes, other.per_depth, strict=True))
+            nodes = tuple(sorted(merged))
+            return dataclasses.replace(self, nodes=nodes, per_depth=tuple(merged[n] for n in nodes))
+        merged = dict(zip(self.topk, zip(self.shallow, self.deep, strict=True), strict=True))
+        merged.update(zip(other.topk, zip(other.shallow, other.deep, strict=True), strict=True))
+        topk = tuple(sorted(merged))
+        return dataclasses.replace(
+            self,
+            topk=topk,
+            shallow=tuple(merged[k][0] for k in topk),
+            deep=tuple(merged[k][1] for k in topk),
+        )
 
     def to_json(self) -> dict:
         return {"version": FORMAT_VERSION, **dataclasses.asdict(self)}
@@ -808,22 +861,39 @@ def draft_costs(
     folder = Path(folder) if folder is not None else cache_dir()
     key = drafter_key(target, drafter, batch=batch, context=context)
     path = _cache_file(key, folder, "draft")
+    shape_arg = "topks" if drafter.dynamic_trees else "nodes"
+    wanted = kwargs.get(shape_arg)
+    stored = None
     if path.exists() and not refresh:
         try:
             costs = DraftCosts.from_json(json.loads(path.read_text()))
         except (ValueError, KeyError, TypeError):
             costs = None
-        wanted = kwargs.get("topks" if drafter.dynamic_trees else "nodes")
-        if costs is not None and costs.key == key:
+        if (
+            costs is not None
+            and costs.key == key
+            and (costs.overhead is not None or not with_overhead)
+        ):
             have = costs.topk if drafter.dynamic_trees else costs.nodes
-            if (wanted is None or set(wanted) <= set(have)) and (
-                costs.overhead is not None or not with_overhead
-            ):
+            if wanted is None or set(wanted) <= set(have):
                 return costs
-    costs = measure_draft_costs(
-        target, drafter, verify, batch=batch, context=context, progress=progress,
-        with_overhead=with_overhead, **kwargs,
-    )  # fmt: skip
+            stored = costs
+    if stored is not None:
+        # Only the shapes the file lacks are timed (each is a compiled program), then kept
+        # beside the others: the default call and the pre-verifier's replay ask for different
+        # top-k sets of one drafter.
+        have = stored.topk if drafter.dynamic_trees else stored.nodes
+        missing = tuple(x for x in wanted if x not in have)
+        extra = measure_draft_costs(
+            target, drafter, verify, batch=batch, context=context, progress=progress,
+            with_overhead=False, **{**kwargs, shape_arg: missing},
+        )  # fmt: skip
+        costs = stored.with_points(extra)
+    else:
+        costs = measure_draft_costs(
+            target, drafter, verify, batch=batch, context=context, progress=progress,
+            with_overhead=with_overhead, **kwargs,
+        )  # fmt: skip
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(costs.to_json(), indent=2) + "\n")
     return costs

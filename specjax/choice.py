@@ -78,7 +78,8 @@ class Choice:
     autoregressive seconds per token it is compared with, and how many trees were weighed.
     config None: autoregressive decoding (no tree was predicted to be faster).
     acceptance_shift: the factor the profiles were scaled by (specjax.adaptation); profiles:
-    the profiles as calibrated (what a call's outcome is recorded against)."""
+    the profiles as calibrated (what a call's outcome is recorded against); context: the
+    context the costs were measured at (cost_context; None when not from resolve_auto)."""
 
     config: SpecConfig | None
     predicted_tau: float
@@ -87,6 +88,7 @@ class Choice:
     candidates: int
     acceptance_shift: float = 1.0
     profiles: tuple = dataclasses.field(default=(), compare=False, repr=False)
+    context: int | None = None
 
     @property
     def predicted_speedup(self) -> float:
@@ -469,7 +471,9 @@ def resolve_auto(
         min_speedup=auto.min_speedup,
         measured=measured, timed_nodes_only=True,
     )  # fmt: skip
-    choice = dataclasses.replace(choice, acceptance_shift=shift, profiles=tuple(calibrated))
+    choice = dataclasses.replace(
+        choice, acceptance_shift=shift, profiles=tuple(calibrated), context=context
+    )
     announced = (id(target), id(drafter), batch, mode, choice.tree_label(), shift)
     if progress is not None and announced not in _ANNOUNCED:  # once, not per prompt width
         progress(choice.describe())

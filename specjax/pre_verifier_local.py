@@ -61,34 +61,37 @@ def cost_context(target) -> int:
     return max(min(autotune.DEFAULT_CONTEXT, room), 1)
 
 
-def _costs(target, drafter, topks, progress=autotune._print_progress):
-    """(t(N), the drafter's cost per level) at batch 1 and cost_context, from disk or measured."""
-    context = cost_context(target)
+def _costs(target, drafter, topks, context, progress=autotune._print_progress):
+    """(t(N), the drafter's cost per level) at batch 1 and `context`, from disk or measured.
+    At the context of a default call these are mostly its own measurements (autotune.verify_costs
+    serves the replay's grid from the call's finer one; draft_costs times only the top-k sizes
+    the call did not). The replay prices draft levels, not whole steps: no step overhead."""
     verify = autotune.verify_costs(target, context=context, with_ar=False, progress=progress)
     draft = autotune.draft_costs(target, drafter, verify, context=context,
-                                 topks=tuple(sorted(topks)), progress=progress)  # fmt: skip
+                                 topks=tuple(sorted(topks)), with_overhead=False,
+                                 progress=progress)  # fmt: skip
     return verify, draft
 
 
-def choice_key(target, drafter, pv) -> str:
+def choice_key(target, drafter, pv, context: int) -> str:
     digest = hashlib.sha256(Path(pv.replay_file).read_bytes()).hexdigest()[:16]
     return "|".join((
-        autotune.drafter_key(target, drafter, batch=1, context=cost_context(target)),
+        autotune.drafter_key(target, drafter, batch=1, context=context),
         autotune.module_fingerprint(pv),
         digest,
         f"v{FORMAT_VERSION}",
     ))  # fmt: skip
 
 
-def choose(target, drafter, pv, *, progress=autotune._print_progress) -> dict:
-    """Replay pv's recorded steps under this machine's costs: {"threshold", "table" ({draft
-    nodes: threshold}), "vs_best_fixed", "tree"} (see replay_thresholds; a budget prunes only
-    where that replays MIN_GAIN over its tree whole)."""
+def choose(target, drafter, pv, *, context: int, progress=autotune._print_progress) -> dict:
+    """Replay pv's recorded steps under this machine's costs at `context`: {"threshold",
+    "table" ({draft nodes: threshold}), "vs_best_fixed", "tree"} (see replay_thresholds; a
+    budget prunes only where that replays MIN_GAIN over its tree whole)."""
     header = json.loads((Path(pv.replay_file).parent / "pre_verifier.json").read_text())
     collection = tuple(int(x) for x in str(header["card"]["collection_tree"]).split(","))
     records = load_records(pv.replay_file)
     verify, draft = _costs(target, drafter, {collection[2], *(k for _, _, k in FIXED_TREES)},
-                           progress=progress)  # fmt: skip
+                           context, progress=progress)  # fmt: skip
     replay = replay_thresholds(
         pv, records, collection=collection, t_verify=verify.t_verify,
         t_draft=lambda levels, k: draft.t_draft(TreeConfig.dynamic(collection[0], levels, k)),
@@ -102,13 +105,16 @@ def choose(target, drafter, pv, *, progress=autotune._print_progress) -> dict:
     }
 
 
-def localize(target, drafter, *, announce: bool = True) -> dict | None:
-    """Give drafter.pre_verifier thresholds chosen under this machine's costs (read from disk
-    when chosen before, else replayed and written there); None when it has none pending."""
+def localize(target, drafter, *, context: int | None = None, announce: bool = True) -> dict | None:
+    """Give drafter.pre_verifier thresholds chosen under this machine's costs at `context`
+    (default cost_context(target); the default call passes the context it measured its own
+    costs at, so the replay reuses them) - read from disk when chosen before, else replayed and
+    written there. None when it has none pending."""
     pv = getattr(drafter, "pre_verifier", None)
     if not pending(pv):
         return None
-    key = choice_key(target, drafter, pv)
+    context = cost_context(target) if context is None else context
+    key = choice_key(target, drafter, pv, context)
     path, record = autotune.kept_record(key, "thresholds", FORMAT_VERSION)
     if record is None:
         if announce:
@@ -119,7 +125,7 @@ def localize(target, drafter, *, announce: bool = True) -> dict | None:
             )  # fmt: skip
         progress = autotune._print_progress if announce else None
         record = {"version": FORMAT_VERSION, "key": key,
-                  **choose(target, drafter, pv, progress=progress)}  # fmt: skip
+                  **choose(target, drafter, pv, context=context, progress=progress)}  # fmt: skip
         autotune.keep_record(path, record)
     table = {int(n): float(t) for n, t in record["table"].items()}
     pv.use_thresholds(float(record["threshold"]), table, SOURCE)
@@ -146,21 +152,22 @@ class PruningGain:
         return (self.tau_pruned / self.seconds_pruned) / (self.tau_whole / self.seconds_whole)
 
 
-def pruning_gain(target, drafter, tree: TreeConfig) -> PruningGain | None:
-    """What pruning a dynamic `tree` with the drafter's pre-verifier gains on this machine, from
-    its recorded steps (greedy) and the measured costs; the thresholds are chosen for this
-    machine first (localize) unless the caller set them. None: no pre-verifier with recorded
-    steps, or a static tree."""
+def pruning_gain(target, drafter, tree: TreeConfig, context: int | None = None):
+    """What pruning a dynamic `tree` with the drafter's pre-verifier gains on this machine
+    (PruningGain), from its recorded steps (greedy) and the costs measured at `context`
+    (default cost_context(target)); the thresholds are chosen for this machine first (localize)
+    unless the caller set them. None: no pre-verifier with recorded steps, or a static tree."""
     pv = getattr(drafter, "pre_verifier", None)
     if pv is None or pv.replay_file is None or not tree.is_dynamic:
         return None
-    localize(target, drafter)
-    memo = (id(target), id(drafter), id(pv), pv.config, tree)
+    context = cost_context(target) if context is None else context
+    localize(target, drafter, context=context)
+    memo = (id(target), id(drafter), id(pv), pv.config, tree, context)
     if memo in _GAINS:
         return _GAINS[memo][0]
     threshold = pv.threshold_for(tree.budget)
     records = load_records(pv.replay_file)
-    verify, draft = _costs(target, drafter, {tree.topk, *(k for _, _, k in FIXED_TREES)})
+    verify, draft = _costs(target, drafter, {tree.topk, *(k for _, _, k in FIXED_TREES)}, context)
     costs = dict(
         t_verify=verify.t_verify,
         t_draft=lambda levels: draft.t_draft(TreeConfig.dynamic(tree.budget, levels, tree.topk)),

@@ -48,11 +48,18 @@ def test_costs_are_measured_once_then_read_from_disk(tiny_target, tmp_path):
     )
     assert again == first and not lines  # read back, nothing measured
 
-    # Other node counts or another batch are measured anew.
+    # A count the file lacks is timed alone and added to it; the file keeps its grid.
     other = autotune.verify_costs(
         tiny_target, context=16, nodes=(1, 2), reps=1, folder=tmp_path, progress=lines.append
     )
-    assert other.nodes == (1, 2) and len(lines) == 3
+    assert other.nodes == (1, 2, 4) and other.requested == (1, 4)
+    assert len(lines) == 1 and "2 node(s)" in lines[0]
+    assert other.t_verify(1) == first.t_verify(1) and other.t_verify(4) == first.t_verify(4)
+    lines.clear()
+    assert autotune.verify_costs(
+        tiny_target, context=16, nodes=(4, 1), reps=1, folder=tmp_path, progress=lines.append
+    ) == other and not lines  # fmt: skip
+    # Another batch is measured anew.
     batch2 = autotune.verify_costs(
         tiny_target, batch=2, context=16, nodes=(1,), reps=1, folder=tmp_path, progress=None
     )
@@ -90,8 +97,14 @@ def test_grid_stops_where_no_larger_tree_can_pay(tiny_target, tmp_path):
         stopped
     )
     assert not lines
+    # A plain grid (no stop rule) over the same counts: only the counts past the stop are
+    # timed, and the file still answers the stopped request.
     whole = autotune.verify_costs(tiny_target, progress=lines.append, **kw)
-    assert whole.nodes == (1, 2, 4, 8) and len(lines) == 4
+    assert whole.nodes == (1, 2, 4, 8) and len(lines) == 2 and "4 node(s)" in lines[0]
+    assert whole.requested == (1, 2, 4, 8) and whole.stop_ratio == 1e-9
+    lines.clear()
+    again = autotune.verify_costs(tiny_target, stop_ratio=1e-9, progress=lines.append, **kw)
+    assert again == whole and not lines
 
 
 def _fake_grid(monkeypatch, seconds_of):
@@ -157,6 +170,81 @@ def test_the_interior_of_a_stair_is_not_timed(tiny_target, monkeypatch):
     # without skip_stairs: every count, in ascending order
     whole = autotune.measure_verify_costs(tiny_target, progress=None, **kw)
     assert calls == list(range(1, 17)) and whole.nodes == kw["nodes"] and not whole.skip_stairs
+
+
+def test_a_plain_grid_is_served_by_a_finer_grids_file(tiny_target, tmp_path, monkeypatch):
+    """The default call's grid (fine, stairs skipped, a stop rule) and the pre-verifier's replay
+    grid (the powers of two) at one key: the replay reads the counts the call timed and times
+    only those it lacks, cached at the stored grid's length; neither request then measures
+    again, so neither file overwrites the other."""
+    calls = _fake_grid(monkeypatch, lambda n: 1e-3 * n)
+    rooms = []
+    real_init_cache = autotune.init_cache
+
+    def init_cache(cfg, batch, length):
+        rooms.append(length)
+        return real_init_cache(cfg, batch, length)
+
+    monkeypatch.setattr(autotune, "init_cache", init_cache)
+    fine = dict(nodes=tuple(range(1, 17)), stop_ratio=5.5, skip_stairs=True)
+    kw = dict(context=16, reps=1, folder=tmp_path, with_ar=False, progress=None)
+    call = autotune.verify_costs(tiny_target, **fine, **kw)
+    assert 8 in call.nodes and 16 not in call.nodes  # stopped at t(8) = 8 t(1) >= 5.5 t(1)
+    calls.clear()
+    rooms.clear()
+
+    served = autotune.verify_costs(tiny_target, nodes=(1, 2, 4, 8), **kw)
+    assert served == call and not calls  # every count was timed by the call
+    merged = autotune.verify_costs(tiny_target, nodes=(1, 2, 4, 8, 16), **kw)
+    assert calls == [16] and rooms == [16 + 16]  # in the cache the call's grid was timed in
+    assert merged.t_verify(16) == pytest.approx(16e-3) and merged.t_verify(8) == call.t_verify(8)
+    assert (merged.requested, merged.stop_ratio, merged.skip_stairs, merged.stairs) == (
+        call.requested, call.stop_ratio, call.skip_stairs, call.stairs,
+    )  # fmt: skip
+    calls.clear()
+    assert autotune.verify_costs(tiny_target, **fine, **kw) == merged and not calls
+    assert autotune.verify_costs(tiny_target, nodes=(1, 16), **kw) == merged and not calls
+    wider = autotune.verify_costs(tiny_target, nodes=(1, 32), **kw)
+    assert calls == [32] and rooms[-1] == 16 + 32 and wider.nodes[-1] == 32
+    # A grid of its own (a stop rule of another size) is measured whole, as before.
+    calls.clear()
+    autotune.verify_costs(tiny_target, **dict(fine, stop_ratio=3.0), **kw)
+    assert calls[:3] == [1, 2, 4]
+
+
+def test_draft_costs_time_only_the_shapes_the_file_lacks(tiny_target, tmp_path, monkeypatch):
+    """The default call times top-4 and top-8 with the step overhead; the pre-verifier's
+    replay then asks for top-2 as well: only top-2 is timed, and the file keeps the rest."""
+    from test_feature_drafter import make_drafter
+
+    drafter = make_drafter("eagle", tiny_target)
+    timed = []
+
+    def fake_propose(target, drafter, tree, *, batch, context, reps, with_step=False):
+        timed.append((tree.topk, tree.max_depth, with_step))
+        seconds = 1e-3 * tree.topk * tree.max_depth
+        return seconds, (seconds + 5e-3 if with_step else None)
+
+    monkeypatch.setattr(autotune, "_time_propose", fake_propose)
+    verify = autotune.VerifyCosts(key="k", nodes=(1, 8), seconds=(1e-3, 2e-3))
+    kw = dict(context=16, folder=tmp_path, progress=None)
+    call = autotune.draft_costs(tiny_target, drafter, verify, topks=(4, 8), **kw)
+    assert call.topk == (4, 8) and call.overhead is not None
+    timed.clear()
+    replay = autotune.draft_costs(tiny_target, drafter, verify, topks=(2, 4, 8),
+                                  with_overhead=False, **kw)  # fmt: skip
+    assert sorted(timed) == [(2, 1, False), (2, 8, False)]
+    assert replay.topk == (2, 4, 8) and replay.overhead == call.overhead
+    tree = specjax.TreeConfig.dynamic(4, 3, 4)
+    assert replay.t_draft(tree) == call.t_draft(tree)
+    assert replay.t_draft(specjax.TreeConfig.dynamic(2, 3, 2)) == pytest.approx(6e-3)
+    timed.clear()
+    assert autotune.draft_costs(tiny_target, drafter, verify, topks=(4, 8), **kw) == replay
+    assert not timed
+    with pytest.raises(ValueError, match="cannot merge"):
+        replay.with_points(
+            autotune.DraftCosts(key="k", kind="static", nodes=(2,), per_depth=(1.0,))
+        )
 
 
 def test_key_follows_the_weights(tiny_target):

@@ -171,21 +171,30 @@ def test_default_call_prunes_only_where_the_replay_gains(tmp_path, monkeypatch, 
         [1, 0, 1, 0], atol=1e-3,
     )  # fmt: skip
     tree = TreeConfig.dynamic(4, 2, 2)
-    whole = Choice(SpecConfig(tree=tree, pre_verify=False), 2.0, 1.0, 0.6, 1)
+    # The costs the choice measured were taken at context 64: the replay prices at those.
+    whole = Choice(SpecConfig(tree=tree, pre_verify=False), 2.0, 1.0, 0.6, 1, context=64)
 
     class Draft:
         def t_draft(self, tree):
             return 0.0
 
+    asked = []
     for label, t_verify, prunes in (("steep", float, True), ("flat", lambda n: 1.0, False)):
         monkeypatch.setenv("SPECJAX_CACHE", str(tmp_path / label))
         verify = type("Verify", (), {"t_verify": staticmethod(t_verify)})()
-        monkeypatch.setattr(autotune, "verify_costs", lambda *a, **k: verify)  # noqa: B023
-        monkeypatch.setattr(autotune, "draft_costs", lambda *a, **k: Draft())
+        monkeypatch.setattr(
+            autotune, "verify_costs", lambda *a, **k: asked.append(("verify", k)) or verify
+        )  # noqa: B023
+        monkeypatch.setattr(autotune, "draft_costs",
+                            lambda *a, **k: asked.append(("draft", k)) or Draft())  # fmt: skip
         drafter = make_drafter("eagle", target)
         drafter.pre_verifier = load_pre_verifier(folder)
         choice, replay = _with_pre_verifier(target, drafter, whole)
         assert drafter.pre_verifier.thresholds_source == "this machine"
+        assert asked and all(k["context"] == 64 for _, k in asked)
+        # the replay prices draft levels: no whole step is timed for it
+        assert all(k["with_overhead"] is False for what, k in asked if what == "draft")
+        asked.clear()
         assert choice.config_prunes == prunes, (label, replay)
         if prunes:  # the likely path kept (3 nodes, bucket 4) instead of all 5 verified
             assert replay.tau_pruned == replay.tau_whole == 3.0
