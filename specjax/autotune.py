@@ -446,7 +446,8 @@ def verify_costs(
     their own where larger) and added to that file, which keeps the grid it was asked for, so
     its own caller still finds it. Why: the default call's fine grid and the replay's plain one,
     at the call's context, would otherwise each time the same counts on a first call (~18 s of
-    SmolLM2's on a 2-core CPU), and each would overwrite the other's file for the next process."""
+    SmolLM2's on a 2-core CPU), and each would overwrite the other's file for the next process.
+    For the same reason a stop rule is served by a file of the same grid that stopped later."""
     folder = Path(folder) if folder is not None else cache_dir()
     key = cost_key(target, batch=batch, context=context)
     path = _cache_file(key, folder)
@@ -459,12 +460,17 @@ def verify_costs(
         except (ValueError, KeyError, TypeError):
             costs = None  # an unreadable file is measured again and rewritten
         if costs is not None and costs.key == key and (costs.ar_token > 0 or not with_ar):
-            same_grid = (costs.requested, costs.stop_ratio, costs.skip_stairs) == (
-                wanted, float(stop_ratio), skip_stairs,
-            )  # fmt: skip
-            if same_grid or (plain_grid and set(wanted) <= set(costs.nodes)):
+            same_grid = (costs.requested, costs.skip_stairs) == (wanted, skip_stairs)
+            # A grid that stopped later (or nowhere) timed every count an earlier stop would.
+            as_far = costs.stop_ratio == 0 or 0 < stop_ratio <= costs.stop_ratio
+            if (same_grid and as_far) or (plain_grid and set(wanted) <= set(costs.nodes)):
                 return costs
-            stored = costs if plain_grid else None
+            if plain_grid:
+                stored = costs
+            elif same_grid and stop_ratio > 0:
+                # Measured again, to the later of the two stops: the file then serves both
+                # callers (two drafters of one target stop at twice their own best tau).
+                stop_ratio = max(stop_ratio, costs.stop_ratio)
     if stored is not None:
         missing = tuple(n for n in wanted if n not in stored.nodes)
         extra = measure_verify_costs(target, batch=batch, context=context, nodes=missing,

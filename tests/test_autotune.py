@@ -107,6 +107,28 @@ def test_grid_stops_where_no_larger_tree_can_pay(tiny_target, tmp_path):
     assert again == whole and not lines
 
 
+def test_a_stop_rule_is_served_by_a_grid_that_stopped_later(tiny_target, tmp_path, monkeypatch):
+    """Two drafters of one target ask for the same grid with their own stop ratios: a file that
+    stopped later serves the earlier stop; a later stop is measured to itself, and that file
+    then serves both."""
+    calls = _fake_grid(monkeypatch, lambda n: 1e-3 * n)
+    kw = dict(context=16, nodes=(1, 2, 4, 8, 16), reps=1, folder=tmp_path, with_ar=False,
+              skip_stairs=True, progress=None)  # fmt: skip
+    early = autotune.verify_costs(tiny_target, stop_ratio=3.0, **kw)
+    assert early.nodes[-1] == 4 and calls == [1, 2, 4]
+    calls.clear()
+    late = autotune.verify_costs(tiny_target, stop_ratio=7.0, **kw)
+    assert late.nodes[-1] == 8 and late.stop_ratio == 7.0 and calls
+    calls.clear()
+    for ratio in (3.0, 7.0, 5.0):
+        assert autotune.verify_costs(tiny_target, stop_ratio=ratio, **kw) == late
+    assert not calls
+    # an earlier stop measured after a later one keeps the later one's reach
+    calls.clear()
+    assert autotune.verify_costs(tiny_target, stop_ratio=12.0, **kw).nodes[-1] == 16
+    assert autotune.verify_costs(tiny_target, stop_ratio=9.0, **kw).nodes[-1] == 16
+
+
 def _fake_grid(monkeypatch, seconds_of):
     """sized_loop replaced by loops whose per-iteration time is seconds_of(N); returns the list
     of N in the order they are timed."""
@@ -206,9 +228,9 @@ def test_a_plain_grid_is_served_by_a_finer_grids_file(tiny_target, tmp_path, mon
     assert autotune.verify_costs(tiny_target, nodes=(1, 16), **kw) == merged and not calls
     wider = autotune.verify_costs(tiny_target, nodes=(1, 32), **kw)
     assert calls == [32] and rooms[-1] == 16 + 32 and wider.nodes[-1] == 32
-    # A grid of its own (a stop rule of another size) is measured whole, as before.
+    # The same grid with a later stop is measured again (to that stop).
     calls.clear()
-    autotune.verify_costs(tiny_target, **dict(fine, stop_ratio=3.0), **kw)
+    autotune.verify_costs(tiny_target, **dict(fine, stop_ratio=40.0), **kw)
     assert calls[:3] == [1, 2, 4]
 
 
