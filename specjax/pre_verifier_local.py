@@ -22,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import sys
 from pathlib import Path
 
 from specjax import autotune
@@ -61,7 +60,7 @@ def cost_context(target) -> int:
     return max(min(autotune.DEFAULT_CONTEXT, room), 1)
 
 
-def _costs(target, drafter, topks, context, progress=autotune._print_progress):
+def _costs(target, drafter, topks, context, *, progress):
     """(t(N), the drafter's cost per level) at batch 1 and `context`, from disk or measured.
     At the context of a default call these are mostly its own measurements (autotune.verify_costs
     serves the replay's grid from the call's finer one; draft_costs times only the top-k sizes
@@ -117,13 +116,12 @@ def localize(target, drafter, *, context: int | None = None, announce: bool = Tr
     key = choice_key(target, drafter, pv, context)
     path, record = autotune.kept_record(key, "thresholds", FORMAT_VERSION)
     if record is None:
-        if announce:
-            print(
-                "[specjax] choosing the pre-verifier's thresholds for this machine (replaying "
-                "its recorded steps under measured costs; once per machine)",
-                file=sys.stderr, flush=True,
-            )  # fmt: skip
         progress = autotune._print_progress if announce else None
+        if progress is not None:
+            progress(
+                "choosing the pre-verifier's thresholds for this machine (replaying its "
+                "recorded steps under measured costs; once per machine)"
+            )
         record = {"version": FORMAT_VERSION, "key": key,
                   **choose(target, drafter, pv, context=context, progress=progress)}  # fmt: skip
         autotune.keep_record(path, record)
@@ -167,7 +165,8 @@ def pruning_gain(target, drafter, tree: TreeConfig, context: int | None = None):
         return _GAINS[memo][0]
     threshold = pv.threshold_for(tree.budget)
     records = load_records(pv.replay_file)
-    verify, draft = _costs(target, drafter, {tree.topk, *(k for _, _, k in FIXED_TREES)}, context)
+    verify, draft = _costs(target, drafter, {tree.topk, *(k for _, _, k in FIXED_TREES)}, context,
+                           progress=autotune._print_progress)  # fmt: skip
     costs = dict(
         t_verify=verify.t_verify,
         t_draft=lambda levels: draft.t_draft(TreeConfig.dynamic(tree.budget, levels, tree.topk)),
