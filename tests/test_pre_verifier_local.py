@@ -183,8 +183,8 @@ def test_default_call_prunes_only_where_the_replay_gains(tmp_path, monkeypatch, 
         monkeypatch.setenv("SPECJAX_CACHE", str(tmp_path / label))
         verify = type("Verify", (), {"t_verify": staticmethod(t_verify)})()
         monkeypatch.setattr(
-            autotune, "verify_costs", lambda *a, **k: asked.append(("verify", k)) or verify
-        )  # noqa: B023
+            autotune, "verify_costs", lambda *a, v=verify, **k: asked.append(("verify", k)) or v
+        )
         monkeypatch.setattr(autotune, "draft_costs",
                             lambda *a, **k: asked.append(("draft", k)) or Draft())  # fmt: skip
         drafter = make_drafter("eagle", target)
