@@ -869,7 +869,7 @@ def draft_costs(
     path = _cache_file(key, folder, "draft")
     shape_arg = "topks" if drafter.dynamic_trees else "nodes"
     wanted = kwargs.get(shape_arg)
-    stored = None
+    stored, missing = None, ()
     if path.exists() and not refresh:
         try:
             costs = DraftCosts.from_json(json.loads(path.read_text()))
@@ -883,13 +883,11 @@ def draft_costs(
             have = costs.topk if drafter.dynamic_trees else costs.nodes
             if wanted is None or set(wanted) <= set(have):
                 return costs
-            stored = costs
+            stored, missing = costs, tuple(x for x in wanted if x not in have)
     if stored is not None:
         # Only the shapes the file lacks are timed (each is a compiled program), then kept
         # beside the others: the default call and the pre-verifier's replay ask for different
         # top-k sets of one drafter.
-        have = stored.topk if drafter.dynamic_trees else stored.nodes
-        missing = tuple(x for x in wanted if x not in have)
         extra = measure_draft_costs(
             target, drafter, verify, batch=batch, context=context, progress=progress,
             with_overhead=False, **{**kwargs, shape_arg: missing},
