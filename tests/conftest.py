@@ -23,7 +23,7 @@ if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
 os.environ.setdefault("SPECJAX_COMPILATION_CACHE", "0")
 
 
-# Test files whose few tests run longest (sampling 120,000 rows each): first in the collection,
+# Test files whose few tests run longest (sampling 60,000 rows each): first in the collection,
 # so that under pytest-xdist (pyproject.toml) they start at once and the other worker takes the
 # many short files meanwhile, instead of both finishing on them after everything else.
 LONGEST_FILES = ("test_lossless_e2e.py", "test_feature_drafter.py")
@@ -49,8 +49,9 @@ def _compile_optimized(monkeypatch, module, name: str, static_argnames) -> None:
 @pytest.fixture
 def optimized_loop(monkeypatch):
     """The speculative loop compiled at optimization level 3 in this test: the sampling tests
-    execute one loop over 120,000 rows, which runs ~2x faster so (test_feature_drafter's mdc
-    distribution test alone: 127 s at level 0, 61 s at level 3 on a 2-core AMD EPYC)."""
+    execute one loop over tens of thousands of rows, which runs ~2x faster so
+    (test_feature_drafter's mdc distribution test alone, at 120,000 rows: 127 s at level 0, 61 s
+    at level 3 on a 2-core AMD EPYC)."""
     from specjax import speculative
 
     _compile_optimized(

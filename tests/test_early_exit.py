@@ -1,7 +1,7 @@
 """EarlyExitVerifier (HiSpec's intermediate verification over a draft tree) is lossless: greedy
 output equals `generate` across trees, exit layers, batch sizes and cache boundaries, and the
 sampled output matches the target's exact distribution (test_lossless_e2e's enumeration check:
-120,000 rows, a 2% bias in any cell is > 13 standard errors), with a biased control caught."""
+60,000 rows, a 2% bias in any cell is > 9.7 standard errors), with a biased control caught."""
 
 import dataclasses
 
