@@ -447,7 +447,9 @@ def verify_costs(
     its own caller still finds it. Why: the default call's fine grid and the replay's plain one,
     at the call's context, would otherwise each time the same counts on a first call (~18 s of
     SmolLM2's on a 2-core CPU), and each would overwrite the other's file for the next process.
-    For the same reason a stop rule is served by a file of the same grid that stopped later."""
+    For the same reason a stop rule is served by a file of the same grid that stopped later or
+    reached its last count (on a 2-core CPU SmolLM2's t(64) is ~4-5x t(1), under the stop of
+    either shipped drafter: the second one's first call measured the grid again)."""
     folder = Path(folder) if folder is not None else cache_dir()
     key = cost_key(target, batch=batch, context=context)
     path = _cache_file(key, folder)
@@ -461,8 +463,10 @@ def verify_costs(
             costs = None  # an unreadable file is measured again and rewritten
         if costs is not None and costs.key == key and (costs.ar_token > 0 or not with_ar):
             same_grid = (costs.requested, costs.skip_stairs) == (wanted, skip_stairs)
-            # A grid that stopped later (or nowhere) timed every count an earlier stop would.
-            as_far = costs.stop_ratio == 0 or 0 < stop_ratio <= costs.stop_ratio
+            # A grid that stopped later, or never (no stop rule, or its last count reached
+            # under it), timed every count any stop would.
+            reached_end = costs.nodes[-1] == max(costs.requested)
+            as_far = costs.stop_ratio == 0 or reached_end or 0 < stop_ratio <= costs.stop_ratio
             if (same_grid and as_far) or (plain_grid and set(wanted) <= set(costs.nodes)):
                 return costs
             if plain_grid:

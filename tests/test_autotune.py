@@ -110,7 +110,7 @@ def test_grid_stops_where_no_larger_tree_can_pay(tiny_target, tmp_path):
 def test_a_stop_rule_is_served_by_a_grid_that_stopped_later(tiny_target, tmp_path, monkeypatch):
     """Two drafters of one target ask for the same grid with their own stop ratios: a file that
     stopped later serves the earlier stop; a later stop is measured to itself, and that file
-    then serves both."""
+    then serves both; a file that reached the grid's last count serves every stop."""
     calls = _fake_grid(monkeypatch, lambda n: 1e-3 * n)
     kw = dict(context=16, nodes=(1, 2, 4, 8, 16), reps=1, folder=tmp_path, with_ar=False,
               skip_stairs=True, progress=None)  # fmt: skip
@@ -127,6 +127,10 @@ def test_a_stop_rule_is_served_by_a_grid_that_stopped_later(tiny_target, tmp_pat
     calls.clear()
     assert autotune.verify_costs(tiny_target, stop_ratio=12.0, **kw).nodes[-1] == 16
     assert autotune.verify_costs(tiny_target, stop_ratio=9.0, **kw).nodes[-1] == 16
+    # that grid reached its last count: any later stop is served by it, nothing timed
+    calls.clear()
+    assert autotune.verify_costs(tiny_target, stop_ratio=40.0, **kw).stop_ratio == 12.0
+    assert not calls
 
 
 def _fake_grid(monkeypatch, seconds_of):
