@@ -57,6 +57,12 @@ CALIBRATION_TOKENS = 48
 # A gap between powers of two whose middle costs at least its top is a stair and the rest of it
 # is not timed (autotune.measure_verify_costs, skip_stairs): its trees are never the better ones.
 FINE_ROWS = 16
+# Where a count between two timed ones may cost less than the line between them, at worst: the
+# counts inside the fine grid are timed only where a tree of that many nodes, priced at this
+# share of the interpolated t(N), could beat every tree at a timed count (worth_timing). Measured
+# on a 2-core AMD EPYC, SmolLM2 at batch 1, five full grids: t(3..15) / interpolation between
+# the powers of two 0.93-1.28 (the staircase: interior counts cost more, rarely a little less).
+INTERIOR_OPTIMISM = 0.9
 # The smallest context costs are measured at (SpecConfig.auto() with context None): contexts are
 # rounded to powers of two from here, so a machine measures a handful of cost sets at most.
 MIN_COST_CONTEXT = 64
@@ -172,6 +178,38 @@ def verify_grid(batch: int, max_nodes: int) -> list[int]:
     FINE_ROWS // batch, the powers of two past it, and max_nodes."""
     fine = set(range(1, max(FINE_ROWS // batch, 1) + 1))
     return sorted({n for n in fine | set(DEFAULT_NODES) if n < max_nodes} | {max_nodes})
+
+
+def anchor_grid(batch: int, max_nodes: int) -> list[int]:
+    """The node counts of verify_grid timed first, whatever the drafter: the powers of two below
+    max_nodes and max_nodes. The rest of the fine grid is timed where worth_timing says so."""
+    return [n for n in verify_grid(batch, max_nodes) if n & (n - 1) == 0 or n == max_nodes]
+
+
+def worth_timing(
+    profiles: Sequence[AcceptanceProfile],
+    verify: VerifyCosts,
+    draft: DraftCosts,
+    counts: Sequence[int],
+    **rank_kwargs,
+) -> list[int]:
+    """The counts among `counts` (untimed ones below the last timed count) at which some tree,
+    its t(N) priced at INTERIOR_OPTIMISM x the interpolation between timed counts, is predicted
+    faster than every tree at a timed count. The others cannot hold the best tree unless t(N)
+    falls further below the line than measured, so timing them (a compiled program each, ~2-3 s
+    for SmolLM2 on a 2-core CPU) would not change the choice."""
+    timed = set(verify.nodes)
+    open_counts = {n for n in counts if n not in timed and n < verify.nodes[-1]}
+    ranked = rank(profiles, verify, draft, **rank_kwargs)
+    best_timed = max((r for r, tree, _, _ in ranked if tree.num_nodes in timed), default=0.0)
+    worth = set()
+    for _, tree, tau, seconds in ranked:
+        n = tree.num_nodes
+        if n in open_counts:
+            t = verify.t_verify(n)
+            if tau / (seconds - (1.0 - INTERIOR_OPTIMISM) * t) > best_timed:
+                worth.add(n)
+    return sorted(worth)
 
 
 def rank(
@@ -430,17 +468,19 @@ def resolve_auto(
     # Costs at the call's context (cost_context), leaving the model room for the largest tree.
     max_nodes = max(2, min(auto.max_nodes, auto.max_batch_nodes // batch))
     grid = verify_grid(batch, max_nodes)
+    anchors = anchor_grid(batch, max_nodes)
     # Timed candidates measure plain decoding alongside their steps: no separate AR timing then.
     # The grid stops where a forward costs twice the best tau any candidate can reach in
     # one-node forwards: a tree that large cannot beat plain decoding (the factor leaves room
     # for plain decoding's own step costing more than a one-node forward). The calibrated
     # profiles set it, so that one cost set serves every acceptance shift.
-    # With timed candidates t(N) only ranks which trees to time: 3 rounds of the fine grid, not 5
-    # (~7 s less on a first call of SmolLM2 on a 2-core CPU).
-    verify = verify_costs(target, batch=batch, context=context, nodes=grid,
-                          with_ar=auto.timed_candidates == 0,
-                          reps=3 if auto.timed_candidates else 5,
-                          stop_ratio=2.0 * best_tau(calibrated, max_nodes), skip_stairs=True,
+    # With timed candidates t(N) only ranks which trees to time: 3 rounds, not 5 (~7 s less on a
+    # first call of SmolLM2 on a 2-core CPU). The powers of two first; the fine grid's other
+    # counts after the drafter's costs, where worth_timing finds them worth it.
+    reps = 3 if auto.timed_candidates else 5
+    verify = verify_costs(target, batch=batch, context=context, nodes=anchors,
+                          with_ar=auto.timed_candidates == 0, reps=reps,
+                          stop_ratio=2.0 * best_tau(calibrated, max_nodes),
                           progress=progress)  # fmt: skip
     if drafter.dynamic_trees:
         extra = {"topks": tuple(sorted({p.topk for p in profiles}))}
@@ -454,6 +494,15 @@ def resolve_auto(
         target, drafter, verify, batch=batch, context=context,
         with_overhead=auto.timed_candidates == 0, progress=progress, **extra,
     )  # fmt: skip
+    fine = [n for n in grid if n not in anchors]
+    for _ in fine:  # each round times the counts found worth it (and adds them to the file)
+        wanted = worth_timing(profiles, verify, draft, fine, max_nodes=max_nodes, room=room,
+                              rule=auto.rule)  # fmt: skip
+        if not wanted:
+            break
+        verify = verify_costs(target, batch=batch, context=context,
+                              nodes=sorted({*verify.nodes, *wanted}), with_ar=False, reps=reps,
+                              progress=progress)  # fmt: skip
     measured = None
     if auto.timed_candidates > 0:
 

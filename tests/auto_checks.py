@@ -6,7 +6,7 @@ import json
 from specjax import autotune
 from specjax.acceptance import AcceptanceProfile, ProfileRecorder, write_profiles
 from specjax.autotune import DraftCosts, VerifyCosts
-from specjax.choice import best_tau, cost_context, pair_profile_file, verify_grid
+from specjax.choice import anchor_grid, best_tau, cost_context, pair_profile_file, verify_grid
 from specjax.config import TreeConfig
 
 # Static probe (2, 1): root -> nodes 1, 2 (ranks 0, 1) -> node 3 under 1, node 4 under 2.
@@ -27,12 +27,13 @@ def keep_costs(cache, target, drafter, auto) -> None:
     (every forward 1 s, 0.01 s a draft depth) for batch 2 into the cache folder."""
     context = cost_context(target, auto)
     write_profiles(pair_profile_file(target, drafter, "greedy"), [static_profile()])
-    # The grid the call asks for, with the stop rule it passes (twice the best tau) and stairs.
+    # The grid the call asks for first (the powers of two, with the stop rule it passes: twice
+    # the best tau), and every count of its fine grid timed.
     grid = tuple(verify_grid(2, 4))
     verify = VerifyCosts(key=autotune.cost_key(target, batch=2, context=context),
-                         nodes=grid, seconds=(1.0,) * len(grid), ar_token=1.0, requested=grid,
-                         stop_ratio=2 * best_tau([static_profile()], 4),
-                         skip_stairs=True)  # fmt: skip
+                         nodes=grid, seconds=(1.0,) * len(grid), ar_token=1.0,
+                         requested=tuple(anchor_grid(2, 4)),
+                         stop_ratio=2 * best_tau([static_profile()], 4))  # fmt: skip
     draft = DraftCosts(
         key=autotune.drafter_key(target, drafter, batch=2, context=context),
         kind="static", nodes=(2, 4), per_depth=(0.01, 0.01), overhead=0.0,

@@ -15,7 +15,15 @@ from flax import nnx
 import specjax
 from specjax.acceptance import AcceptanceProfile, ProfileRecorder, read_profiles, write_profiles
 from specjax.autotune import DraftCosts, VerifyCosts
-from specjax.choice import Choice, candidate_trees, choose, probes_for, rank, verify_grid
+from specjax.choice import (
+    Choice,
+    candidate_trees,
+    choose,
+    probes_for,
+    rank,
+    verify_grid,
+    worth_timing,
+)
 from specjax.config import TINY, AutoSpecConfig, SpecConfig, TreeConfig
 from specjax.drafters import LMDrafter
 
@@ -117,6 +125,34 @@ def test_a_staircase_t_n_is_priced_at_timed_node_counts_only():
     assert {tree.num_nodes for _, tree, _, _ in ranked} <= {2, 4, 8, 16}
     everything = rank([profile], coarse, draft)
     assert {tree.num_nodes for _, tree, _, _ in everything} > {2, 4, 8, 16}
+
+
+def test_only_counts_that_could_hold_the_best_tree_are_worth_timing():
+    """worth_timing: with t(N) timed at the powers of two, an untimed count is worth a program
+    only where a tree of that size, at INTERIOR_OPTIMISM x the interpolated cost, beats every
+    tree at a timed count; once the cheap count is timed, nothing more is asked for. A count at
+    or past the last timed one is never asked for (it would be extrapolated)."""
+    profile = flat_profile()
+    draft = DraftCosts(key="d", kind="dynamic", topk=(4,), deep_depth=4,
+                       shallow=(0.001,), deep=(0.004,))  # fmt: skip
+    fine = [3, 5, 6, 7, 9, 10, 11, 12, 13, 14, 15]
+    # CPU-like: steep from one node, so the best tree is small and only counts near it matter.
+    anchors = VerifyCosts(key="v", nodes=(1, 2, 4, 8, 16), seconds=(1.0, 1.3, 1.45, 2.4, 4.0))
+    wanted = worth_timing([profile], anchors, draft, fine)
+    assert wanted and set(wanted) < {3, 5, 6, 7}, wanted
+    ranked = rank([profile], anchors, draft)  # the best interpolated tree's count is asked for
+    assert next(tree.num_nodes for _, tree, _, _ in ranked if tree.num_nodes != 4) in wanted
+    # those counts timed as dear as the line between their neighbours: nothing more to time
+    timed = VerifyCosts(key="v", nodes=tuple(sorted({*anchors.nodes, *wanted})),
+                        seconds=tuple(anchors.t_verify(n) for n in sorted({*anchors.nodes,
+                                                                          *wanted})))  # fmt: skip
+    assert worth_timing([profile], timed, draft, fine) == []
+    # flat costs (an accelerator): the deepest counts hold the best trees, every one below 16
+    flat = VerifyCosts(key="v", nodes=(1, 2, 4, 8, 16), seconds=(1.0,) * 5)
+    assert worth_timing([profile], flat, draft, fine) == [9, 10, 11, 12, 13, 14, 15]
+    # timed up to 4 nodes only (a stop rule): the counts past it are not asked for (extrapolated)
+    short = VerifyCosts(key="v", nodes=(1, 2, 4), seconds=(1.0, 1.0, 1.6))
+    assert worth_timing([profile], short, draft, fine) == [3]
 
 
 def test_verify_grid_is_fine_at_few_rows():
