@@ -195,21 +195,21 @@ def worth_timing(
 ) -> list[int]:
     """The counts among `counts` (untimed ones below the last timed count) at which some tree,
     its t(N) priced at INTERIOR_OPTIMISM x the interpolation between timed counts, is predicted
-    faster than every tree at a timed count. The others cannot hold the best tree unless t(N)
-    falls further below the line than measured, so timing them (a compiled program each, ~2-3 s
-    for SmolLM2 on a 2-core CPU) would not change the choice."""
+    faster than every tree at a timed count, the most promising first. The others cannot hold
+    the best tree unless t(N) falls further below the line than measured, so timing them (a
+    compiled program each, ~2-3 s for SmolLM2 on a 2-core CPU) would not change the choice."""
     timed = set(verify.nodes)
     open_counts = {n for n in counts if n not in timed and n < verify.nodes[-1]}
     ranked = rank(profiles, verify, draft, **rank_kwargs)
     best_timed = max((r for r, tree, _, _ in ranked if tree.num_nodes in timed), default=0.0)
-    worth = set()
+    worth: dict[int, float] = {}
     for _, tree, tau, seconds in ranked:
         n = tree.num_nodes
         if n in open_counts:
-            t = verify.t_verify(n)
-            if tau / (seconds - (1.0 - INTERIOR_OPTIMISM) * t) > best_timed:
-                worth.add(n)
-    return sorted(worth)
+            rate = tau / (seconds - (1.0 - INTERIOR_OPTIMISM) * verify.t_verify(n))
+            if rate > max(best_timed, worth.get(n, 0.0)):
+                worth[n] = rate
+    return sorted(worth, key=lambda n: -worth[n])
 
 
 def rank(
@@ -495,13 +495,15 @@ def resolve_auto(
         with_overhead=auto.timed_candidates == 0, progress=progress, **extra,
     )  # fmt: skip
     fine = [n for n in grid if n not in anchors]
-    for _ in fine:  # each round times the counts found worth it (and adds them to the file)
+    # Best first: each round times the most promising count (and adds it to the file); its
+    # measured cost, usually above the line (a staircase), then rules out its neighbours.
+    for _ in fine:
         wanted = worth_timing(profiles, verify, draft, fine, max_nodes=max_nodes, room=room,
                               rule=auto.rule)  # fmt: skip
         if not wanted:
             break
         verify = verify_costs(target, batch=batch, context=context,
-                              nodes=sorted({*verify.nodes, *wanted}), with_ar=False, reps=reps,
+                              nodes=sorted({*verify.nodes, wanted[0]}), with_ar=False, reps=reps,
                               progress=progress)  # fmt: skip
     measured = None
     if auto.timed_candidates > 0:

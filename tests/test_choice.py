@@ -130,7 +130,8 @@ def test_a_staircase_t_n_is_priced_at_timed_node_counts_only():
 def test_only_counts_that_could_hold_the_best_tree_are_worth_timing():
     """worth_timing: with t(N) timed at the powers of two, an untimed count is worth a program
     only where a tree of that size, at INTERIOR_OPTIMISM x the interpolated cost, beats every
-    tree at a timed count; once the cheap count is timed, nothing more is asked for. A count at
+    tree at a timed count (the most promising first); once those counts are timed, as dear as
+    the line between their neighbours, nothing more is asked for. A count at
     or past the last timed one is never asked for (it would be extrapolated)."""
     profile = flat_profile()
     draft = DraftCosts(key="d", kind="dynamic", topk=(4,), deep_depth=4,
@@ -140,8 +141,9 @@ def test_only_counts_that_could_hold_the_best_tree_are_worth_timing():
     anchors = VerifyCosts(key="v", nodes=(1, 2, 4, 8, 16), seconds=(1.0, 1.3, 1.45, 2.4, 4.0))
     wanted = worth_timing([profile], anchors, draft, fine)
     assert wanted and set(wanted) < {3, 5, 6, 7}, wanted
-    ranked = rank([profile], anchors, draft)  # the best interpolated tree's count is asked for
-    assert next(tree.num_nodes for _, tree, _, _ in ranked if tree.num_nodes != 4) in wanted
+    ranked = rank([profile], anchors, draft)  # the best interpolated tree's count comes first
+    untimed = (tree.num_nodes for _, tree, _, _ in ranked if tree.num_nodes not in anchors.nodes)
+    assert next(untimed) == wanted[0]
     # those counts timed as dear as the line between their neighbours: nothing more to time
     timed = VerifyCosts(key="v", nodes=tuple(sorted({*anchors.nodes, *wanted})),
                         seconds=tuple(anchors.t_verify(n) for n in sorted({*anchors.nodes,
@@ -149,7 +151,7 @@ def test_only_counts_that_could_hold_the_best_tree_are_worth_timing():
     assert worth_timing([profile], timed, draft, fine) == []
     # flat costs (an accelerator): the deepest counts hold the best trees, every one below 16
     flat = VerifyCosts(key="v", nodes=(1, 2, 4, 8, 16), seconds=(1.0,) * 5)
-    assert worth_timing([profile], flat, draft, fine) == [9, 10, 11, 12, 13, 14, 15]
+    assert worth_timing([profile], flat, draft, fine) == [15, 14, 13, 12, 11, 10, 9]
     # timed up to 4 nodes only (a stop rule): the counts past it are not asked for (extrapolated)
     short = VerifyCosts(key="v", nodes=(1, 2, 4), seconds=(1.0, 1.0, 1.6))
     assert worth_timing([profile], short, draft, fine) == [3]
