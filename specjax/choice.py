@@ -50,12 +50,12 @@ PROBE_TOPKS = (4, 8)
 # A calibration on the call's own prompts (nothing calibrated before) uses at most these.
 CALIBRATION_ROWS = 4
 CALIBRATION_TOKENS = 48
-# Every node count up to this many verified rows (batch x nodes) is timed, not interpolated: on a
-# CPU t(N) is a staircase, not a line (SmolLM2 at batch 1: t(8) 1.27x t(1) where t(5..7) are
-# 1.5x and t(9..15) 1.7-1.9x; t(16) 1.5x, t(17) 2.5x; NOTES.md, "Nineteenth session"), and the
-# candidates are the trees of timed node counts only. Past it the partial tile's share is small.
-# A gap between powers of two whose middle costs at least its top is a stair and the rest of it
-# is not timed (autotune.measure_verify_costs, skip_stairs): its trees are never the better ones.
+# Every node count up to this many verified rows (batch x nodes) may be timed, never
+# interpolated: on a CPU t(N) is a staircase, not a line (SmolLM2 at batch 1: t(8) 1.27x t(1)
+# where t(5..7) are 1.5x and t(9..15) 1.7-1.9x; t(16) 1.5x, t(17) 2.5x; NOTES.md, "Nineteenth
+# session"), and the candidates are the trees of timed node counts only. Past it the partial
+# tile's share is small. The powers of two are timed first, the counts between them where a
+# tree there could be the fastest (worth_timing).
 FINE_ROWS = 16
 # Where a count between two timed ones may cost less than the line between them, at worst: the
 # counts inside the fine grid are timed only where a tree of that many nodes, priced at this
