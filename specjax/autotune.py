@@ -200,6 +200,7 @@ def measure_verify_costs(
     stop_ratio: float = 0.0,
     skip_stairs: bool = False,
     room: int | None = None,
+    stop_reference: float | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> VerifyCosts:
     """Time the target over blocks of N nodes (for N in `nodes`) at `context` committed
@@ -211,7 +212,8 @@ def measure_verify_costs(
     t(N) >= stop_ratio x t(1) (the larger counts are not measured; t_verify extrapolates past
     the last point): SpecConfig.auto() passes twice the best tau any candidate tree can reach,
     so no tree that large could beat plain decoding (at 32 rows, t(64) alone took ~17 s on a
-    2-core CPU).
+    2-core CPU). stop_reference: the seconds the stop rule compares with (default: t of the
+    first count timed; a grid continued past an earlier stop passes its own t(1)).
 
     skip_stairs: the powers of two (and the grid's first and last counts) are timed first; then
     each gap between two of them is probed at its middle count, and where the middle costs at
@@ -265,10 +267,11 @@ def measure_verify_costs(
         anchors = [n for n in nodes if n & (n - 1) == 0 or n in (nodes[0], nodes[-1])]
     for i, n in enumerate(anchors):
         seconds = time_first(n)
-        if stop_ratio > 0 and i > 0 and seconds >= stop_ratio * samples[anchors[0]][0]:
+        reference = stop_reference or samples[anchors[0]][0]
+        if stop_ratio > 0 and (i > 0 or stop_reference) and seconds >= stop_ratio * reference:
             if progress is not None and n < nodes[-1]:
                 progress(
-                    f"target cost at {n} nodes is {seconds / samples[anchors[0]][0]:.1f}x one "
+                    f"target cost at {n} nodes is {seconds / reference:.1f}x one "
                     "node's: no larger tree can pay, the grid stops here"
                 )
             break
@@ -449,7 +452,8 @@ def verify_costs(
     SmolLM2's on a 2-core CPU), and each would overwrite the other's file for the next process.
     For the same reason a stop rule is served by a file of the same grid that stopped later or
     reached its last count (on a 2-core CPU SmolLM2's t(64) is ~4-5x t(1), under the stop of
-    either shipped drafter: the second one's first call measured the grid again)."""
+    either shipped drafter: the second one's first call measured the grid again), and a later
+    stop continues a grid (without skipped stairs) from where it stopped."""
     folder = Path(folder) if folder is not None else cache_dir()
     key = cost_key(target, batch=batch, context=context)
     path = _cache_file(key, folder)
@@ -471,9 +475,24 @@ def verify_costs(
                 return costs
             if plain_grid:
                 stored = costs
-            elif same_grid and stop_ratio > 0:
-                # Measured again, to the later of the two stops: the file then serves both
+            elif same_grid and stop_ratio > 0 and not skip_stairs:
+                # Continued from where it stopped, to the later stop: the file then serves both
                 # callers (two drafters of one target stop at twice their own best tau).
+                reference = costs.t_verify(costs.nodes[0])
+                if costs.seconds[-1] >= stop_ratio * reference:  # this stop stops there too
+                    return dataclasses.replace(costs, stop_ratio=stop_ratio)
+                beyond = tuple(n for n in wanted if n > costs.nodes[-1])
+                extra = measure_verify_costs(target, batch=batch, context=context, nodes=beyond,
+                                             reps=reps, with_ar=False, stop_ratio=stop_ratio,
+                                             room=max(costs.requested),
+                                             stop_reference=reference,
+                                             progress=progress)  # fmt: skip
+                continued = dataclasses.replace(costs.with_points(extra), stop_ratio=stop_ratio)
+                path.write_text(json.dumps(continued.to_json(), indent=2) + "\n")
+                return continued
+            elif same_grid and stop_ratio > 0:
+                # Measured again, to the later of the two stops (the stairs between the counts
+                # are probed in one pass over the grid).
                 stop_ratio = max(stop_ratio, costs.stop_ratio)
     if stored is not None:
         missing = tuple(n for n in wanted if n not in stored.nodes)

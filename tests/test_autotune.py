@@ -133,6 +133,24 @@ def test_a_stop_rule_is_served_by_a_grid_that_stopped_later(tiny_target, tmp_pat
     assert not calls
 
 
+def test_a_later_stop_continues_the_grid_where_it_stopped(tiny_target, tmp_path, monkeypatch):
+    """The default call's grid (no skipped stairs): a later stop times only the counts past the
+    earlier stop, against the file's own t(1), and the file then carries the later stop; a stop
+    that would have ended at the same count times nothing."""
+    calls = _fake_grid(monkeypatch, lambda n: 1e-3 * n)
+    kw = dict(context=16, nodes=(1, 2, 4, 8, 16, 32), reps=1, folder=tmp_path, with_ar=False,
+              progress=None)  # fmt: skip
+    assert autotune.verify_costs(tiny_target, stop_ratio=3.0, **kw).nodes == (1, 2, 4)
+    calls.clear()
+    same_end = autotune.verify_costs(tiny_target, stop_ratio=3.5, **kw)
+    assert same_end.nodes == (1, 2, 4) and same_end.stop_ratio == 3.5 and not calls
+    later = autotune.verify_costs(tiny_target, stop_ratio=7.0, **kw)
+    assert calls == [8] and later.nodes == (1, 2, 4, 8) and later.stop_ratio == 7.0
+    np.testing.assert_allclose(later.seconds, (1e-3, 2e-3, 4e-3, 8e-3))
+    calls.clear()
+    assert autotune.verify_costs(tiny_target, stop_ratio=5.0, **kw) == later and not calls
+
+
 def _fake_grid(monkeypatch, seconds_of):
     """sized_loop replaced by loops whose per-iteration time is seconds_of(N); returns the list
     of N in the order they are timed."""
