@@ -220,8 +220,9 @@ def measure_verify_costs(
     least the gap's top the gap is a stair (on a CPU, t(9..15) of SmolLM2 cost more than
     t(16): NOTES.md, "Nineteenth session") and its other counts are not timed: a tree there has
     fewer nodes than one at the top and costs no less to verify, so it is never the better
-    candidate. Each count is a compiled program (~3 s on a 2-core CPU), and this is most of a
-    first call's wait.
+    candidate. Each count is a compiled program (~3 s on a 2-core CPU). The default call no
+    longer asks for it: it times the powers of two, then only the counts between them where a
+    tree could be the fastest (specjax.choice.worth_timing), which subsumes the stairs.
 
     The grid is timed in rounds, one call of every N per round (the first round also decides
     where the grid stops), and each t(N) is the median over the rounds: a slow spell of the
