@@ -460,7 +460,7 @@ def verify_costs(
     path = _cache_file(key, folder)
     wanted = tuple(sorted(set(int(n) for n in nodes)))
     plain_grid = not stop_ratio and not skip_stairs
-    stored = None
+    stored, extension = None, {}  # a file to add counts to, and how to time them
     if path.exists() and not refresh:
         try:
             costs = VerifyCosts.from_json(json.loads(path.read_text()))
@@ -476,31 +476,27 @@ def verify_costs(
                 return costs
             if plain_grid:
                 stored = costs
+                extension = {"nodes": tuple(n for n in wanted if n not in costs.nodes)}
             elif same_grid and stop_ratio > 0 and not skip_stairs:
                 # Continued from where it stopped, to the later stop: the file then serves both
                 # callers (two drafters of one target stop at twice their own best tau).
-                reference = costs.t_verify(costs.nodes[0])
-                if costs.seconds[-1] >= stop_ratio * reference:  # this stop stops there too
+                if costs.seconds[-1] >= stop_ratio * costs.seconds[0]:  # it stops there too
                     return dataclasses.replace(costs, stop_ratio=stop_ratio)
-                beyond = tuple(n for n in wanted if n > costs.nodes[-1])
-                extra = measure_verify_costs(target, batch=batch, context=context, nodes=beyond,
-                                             reps=reps, with_ar=False, stop_ratio=stop_ratio,
-                                             room=max(costs.requested),
-                                             stop_reference=reference,
-                                             progress=progress)  # fmt: skip
-                continued = dataclasses.replace(costs.with_points(extra), stop_ratio=stop_ratio)
-                path.write_text(json.dumps(continued.to_json(), indent=2) + "\n")
-                return continued
+                stored = dataclasses.replace(costs, stop_ratio=stop_ratio)
+                extension = {
+                    "nodes": tuple(n for n in wanted if n > costs.nodes[-1]),
+                    "stop_ratio": stop_ratio,
+                    "stop_reference": costs.seconds[0],
+                }
             elif same_grid and stop_ratio > 0:
                 # Measured again, to the later of the two stops (the stairs between the counts
                 # are probed in one pass over the grid).
                 stop_ratio = max(stop_ratio, costs.stop_ratio)
     if stored is not None:
-        missing = tuple(n for n in wanted if n not in stored.nodes)
-        extra = measure_verify_costs(target, batch=batch, context=context, nodes=missing,
-                                     reps=reps, with_ar=False,
-                                     room=max(stored.requested),
-                                     progress=progress)  # fmt: skip
+        # The counts the file lacks, timed alone in its grid's cache length and added to it.
+        extra = measure_verify_costs(target, batch=batch, context=context, reps=reps,
+                                     with_ar=False, room=max(stored.requested),
+                                     progress=progress, **extension)  # fmt: skip
         costs = stored.with_points(extra)
     else:
         costs = measure_verify_costs(target, batch=batch, context=context, nodes=wanted,
