@@ -1,10 +1,11 @@
 """The weight layout on this backend, side by side in one process: canonical [in, out] matrices
 (x @ W) against out_in [out, in] (the weight leads the product: specjax.models.layers.dense),
 and out_in with its products of 2-32 rows written as dots instead of sums, or as sums over
-unpadded rows (specjax.models.layers.weight_leading_product), for the target's cost over N
-tree nodes t(N), plain decoding, and speculative decoding with a fixed tree, on the same
-prompts. The drafter (its layer, its own matrices and its readout head) takes the same layout
-as the target in each row, as binding it to a target does.
+unpadded rows (specjax.models.layers.weight_leading_product), and the target's matrices and LM
+head packed for the CPU panel kernel (specjax.kernels.cpu_panels; the drafter keeps out_in),
+for the target's cost over N tree nodes t(N), plain decoding, and speculative decoding with a
+fixed tree, on the same prompts. The drafter (its layer, its own matrices and its readout
+head) takes the same out_in layout as the target in each row, as binding it to a target does.
 
 Why: on XLA:CPU a product of a few rows by a weight on the right runs a matrix-matrix routine
 whose cost grows quickly with the rows; with the weight leading it grows less, and written as a
@@ -30,14 +31,16 @@ import jax
 import numpy as np
 
 RESULTS = Path(__file__).resolve().parent / "results"
-# name -> (out_in, few-row products as sums, their rows padded to a multiple of 8 above 4)
+# name -> (out_in, few-row products as sums, their rows padded to a multiple of 8 above 4,
+# the target's matrices and LM head packed for the CPU panel kernel)
 LAYOUTS = {
-    "canonical": (False, False, False),
-    "out_in, dots": (True, False, False),
-    "out_in, unpadded sums": (True, True, False),
-    "out_in": (True, True, True),
+    "canonical": (False, False, False, False),
+    "out_in, dots": (True, False, False, False),
+    "out_in, unpadded sums": (True, True, False, False),
+    "out_in": (True, True, True, False),
+    "panels": (True, True, True, True),
 }
-DEFAULT_LAYOUTS = ("canonical", "out_in, dots", "out_in")
+DEFAULT_LAYOUTS = ("canonical", "out_in", "panels")
 
 
 def main(argv=None) -> int:
@@ -82,8 +85,9 @@ def main(argv=None) -> int:
     def set_layout(name):
         """Switch the layout; jit caches are cleared because the few-row setting is read at
         trace time (the persistent compilation cache makes the recompiles cheap)."""
-        out_in, sums, pad = LAYOUTS[name]
-        target.layers.set_layout(out_in)
+        out_in, sums, pad, panels = LAYOUTS[name]
+        target.layers.set_layout(out_in, panels)
+        target.pack_head()
         drafter.set_layout(out_in)
         set_few_row_sums(sums)
         set_row_padding(pad)
@@ -159,7 +163,7 @@ def main(argv=None) -> int:
     command = "python experiments/weight_layout.py " + " ".join(argv or sys.argv[1:])
     text = "\n".join([
         "# The weight layout (target and drafter): canonical [in, out] against out_in [out, in], "
-        "its few-row products as dots or as sums",
+        "its few-row products as dots or as sums, and packed panels for the CPU kernel",
         "",
         device_header(command=command.strip(), drafter=args.drafter, tree=str(tree),
                       prompts=f"{args.n_prompts} MT-bench first turns x {args.max_new_tokens} "
@@ -182,7 +186,9 @@ def main(argv=None) -> int:
         "interleaved (each switch of layout clears the compiled functions and runs every method "
         "once untimed). out_in, dots: the out_in layout with its products of 2-32 rows "
         "written as dots (the layout before few-row sums); out_in, unpadded sums: its sums over "
-        "the rows as they are (before padding above 4 rows to a multiple of 8). On CPU, read "
+        "the rows as they are (before padding above 4 rows to a multiple of 8); panels: the "
+        "target's matrices and LM head packed for the CPU panel kernel, its products at every "
+        "row count (the drafter as in out_in). On CPU, read "
         "the ratios, not the absolute speed.",
         "",
     ])  # fmt: skip

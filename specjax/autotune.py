@@ -141,9 +141,16 @@ class VerifyCosts:
         )
 
 
+def _layout_name(layers) -> str:
+    if getattr(layers, "panels", False):
+        return "panels"
+    return "out_in" if getattr(layers, "out_in", False) else "in_out"
+
+
 def cost_key(target, *, batch: int, context: int) -> str:
     """What a cost measurement depends on: backend, device kind, the target's weights
-    (fingerprint), batch, context, dtype and the layers' weight layout (Layers.out_in)."""
+    (fingerprint), batch, context, dtype and the layers' weight layout (Layers.out_in, and
+    Layers.panels: the CPU kernel's products cost less at a few rows)."""
     from specjax.train.checkpoint import target_fingerprint
 
     device = jax.devices()[0]
@@ -155,7 +162,7 @@ def cost_key(target, *, batch: int, context: int) -> str:
         f"b{batch}",
         f"s{context}",
         target.config.dtype,
-        "out_in" if getattr(layers, "out_in", False) else "in_out",
+        _layout_name(layers),
     )
     return "|".join(parts)
 

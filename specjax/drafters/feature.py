@@ -35,6 +35,7 @@ from flax import nnx
 from specjax.cache import KVCache, init_cache
 from specjax.config import SamplingConfig, SpecConfig, TreeConfig
 from specjax.drafters.base import RootContext
+from specjax.kernels import cpu_panels
 from specjax.models.drafter import DrafterNet, TargetParts, shift_right
 from specjax.models.layers import decoder_layer, rope_angles
 from specjax.sampling import apply_sampling
@@ -101,15 +102,27 @@ class FeatureDrafter(nnx.Module):
         self.head_out_in = False
         w = target.embed[...].T if target.config.tie_embeddings else target.lm_head[...]
         self.head_u = TargetHead(jnp.take(w, net.draft_vocab[...], axis=1))  # [M, U]
-        self.set_layout(bool(getattr(target.layers, "out_in", False)))
+        self.head_panels = nnx.data(None)  # a packed TargetHead with a packed target
+        self.set_layout(
+            bool(getattr(target.layers, "out_in", False)),
+            panels=bool(getattr(target.layers, "panels", False)),
+        )
 
-    def set_layout(self, out_in: bool) -> None:
+    def set_layout(self, out_in: bool, panels: bool = False) -> None:
         """Store the net's matrices and the readout head [out, in] (out_in) or canonically, in
-        place (the same drafts either way); binding to a target picks the target's layout."""
+        place (the same drafts either way); binding to a target picks the target's layout.
+        panels: also keep the readout head packed for the CPU kernel (as a target with packed
+        layers does: specjax.kernels.cpu_panels); the readout over a few frontier rows is the
+        drafter's largest product."""
         self.net.set_layout(out_in)
         if out_in != self.head_out_in:
             self.head_u.set_value(self.head_u[...].T)
             self.head_out_in = out_in
+        if not panels:
+            self.head_panels = None
+        elif self.head_panels is None:
+            head = self.head_u[...] if out_in else self.head_u[...].T  # [U, M]
+            self.head_panels = TargetHead(cpu_panels.pack(head))
 
     @property
     def kind(self) -> str:
@@ -133,6 +146,7 @@ class FeatureDrafter(nnx.Module):
             final_norm=target.final_norm[...],
             head_u=self.head_u[...],
             head_out_in=self.head_out_in,
+            head_panels=None if self.head_panels is None else self.head_panels[...],
         )
 
     def _block(self, x, positions, cache: KVCache, mask, attn_impl) -> tuple[jax.Array, KVCache]:

@@ -56,6 +56,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from specjax.config import ModelConfig
+from specjax.kernels import cpu_panels
 from specjax.models.layers import (
     dense,
     finish_layer,
@@ -143,6 +144,9 @@ class TargetParts:
     final_norm: jax.Array
     head_u: jax.Array
     head_out_in: bool = flax.struct.field(pytree_node=False, default=False)
+    # head_u packed in panels [P, M, 32] for the CPU kernel (specjax.kernels.cpu_panels), read
+    # instead of head_u where set; the drafter keeps it when its target's layers are packed.
+    head_panels: jax.Array | None = None
 
 
 def readout(x: jax.Array, parts: TargetParts, eps: float) -> jax.Array:
@@ -151,6 +155,9 @@ def readout(x: jax.Array, parts: TargetParts, eps: float) -> jax.Array:
     head_u multiplies in bfloat16: experiments/train_step_time.py measures it in training);
     with head_out_in the weight leads the product (specjax.models.layers.dense says why)."""
     normed = rms_norm(x, parts.final_norm, eps).astype(parts.head_u.dtype)
+    if parts.head_panels is not None:
+        out = parts.head_u.shape[0] if parts.head_out_in else parts.head_u.shape[1]
+        return cpu_panels.panel_product(normed, 0, (parts.head_panels,), out)
     if parts.head_out_in:
         return jnp.einsum("UM,...M->...U", parts.head_u, normed, preferred_element_type=jnp.float32)
     return jnp.matmul(normed, parts.head_u, preferred_element_type=jnp.float32)

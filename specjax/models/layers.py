@@ -21,6 +21,10 @@ In the out_in layout the target also keeps each layer's matrices as separate buf
 matrices copied every layer's weights out of the stack on every forward: SmolLM2's layers at
 N = 1 took 55-77 ms stacked and 38-41 ms per layer on a 2-core AMD EPYC
 (experiments/results/layer_buffers_before.md, layer_buffers.md).
+
+Where the CPU panel kernel builds (specjax.kernels.cpu_panels), the target's out_in matrices are
+packed in panels instead and `dense` runs that kernel: a block of 2-8 rows then costs about what
+one row does, where XLA's products cost ~1.3-2x (NOTES.md, "Thirty-eighth session").
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import jax.numpy as jnp
 
 from specjax.attention import AttentionImpl, attend
 from specjax.config import ModelConfig
+from specjax.kernels import cpu_panels
 
 
 def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
@@ -50,8 +55,11 @@ class PerLayer:
     branch reads its layer's buffer in place; indexing a stacked [L, ...] array instead makes
     XLA:CPU copy the layer's slice before the product reads it."""
 
-    weights: tuple  # L arrays, each [I, O] or [O, I] (the layout `dense` is told)
+    weights: tuple  # L arrays, each [I, O] or [O, I] (the layout `dense` is told), or panels
     layer: jax.Array  # int32 scalar, traced
+    # Set when the weights are packed in panels [P, I, 32] (specjax.kernels.cpu_panels): the
+    # product's output size O. The kernel takes the layer index as an operand, so no switch.
+    out: int | None = None
 
 
 # Row counts (tokens in a call) at which a float32 weight-leading product is written as a
@@ -121,6 +129,8 @@ def dense(x: jax.Array, w, out_in: bool = False) -> jax.Array:
 
     w may be a `PerLayer` (the target's decoder stack): the product of the scan step's layer,
     with few rows as sums (weight_leading_product)."""
+    if isinstance(w, PerLayer) and w.out is not None:
+        return cpu_panels.panel_product(x, w.layer, w.weights, w.out)
     if isinstance(w, PerLayer):
         # Only the product is in the branches (the transpose of an out_in product follows
         # the switch): every branch is compiled on its own, so less in them compiles faster.

@@ -24,6 +24,7 @@ from specjax.attention import (
 )
 from specjax.cache import KVCache
 from specjax.config import ModelConfig
+from specjax.kernels import cpu_panels
 from specjax.models.layers import (
     PerLayer,
     finish_layer,
@@ -76,6 +77,12 @@ LAYER_WEIGHTS = (
 MATRICES = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")  # swapped in the out_in layout
 
 
+def default_panels() -> bool:
+    """Whether the target packs its out_in matrices in panels for the CPU kernel
+    (specjax.kernels.cpu_panels): on the CPU backend where the kernel builds."""
+    return jax.default_backend() == "cpu" and cpu_panels.available()
+
+
 def default_out_in() -> bool:
     """The target's weight layout for this backend (specjax.models.layers.dense): out_in on the
     CPU, where it makes verifying a block of nodes cheaper; canonical elsewhere (not measured
@@ -109,6 +116,16 @@ def _transposed(w):
     return jnp.asarray(np.ascontiguousarray(np.swapaxes(np.asarray(w), 0, 1)))
 
 
+def _as_array(w):
+    """A host matrix as a JAX array (traced values pass through)."""
+    return w if _traced(w) else jnp.asarray(w)
+
+
+class PackedHead(nnx.Variable):
+    """The LM head packed in panels for the CPU kernel: derived from the embedding (or lm_head),
+    not a parameter of its own (checkpoints, exports and fingerprints never read it)."""
+
+
 @flax.struct.dataclass
 class ForwardOutput:
     logits: jax.Array | None  # [B, T, V] (or [B, R, V] with logits_index), None if not computed
@@ -119,10 +136,19 @@ class ForwardOutput:
 class Layers(nnx.Module):
     """The decoder stack: every weight has a leading L axis. out_in: the matrices are stored
     [out, in] (specjax.models.layers.dense), one buffer per layer (an nnx.List of L Params, read
-    through specjax.models.layers.PerLayer); `arrays()` still gives the canonical layout."""
+    through specjax.models.layers.PerLayer); panels (with out_in): each of those buffers holds
+    the matrix packed for the CPU kernel, [P, in, 32] (specjax.kernels.cpu_panels). `arrays()`
+    still gives the canonical layout."""
 
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, out_in: bool = False):
+    def __init__(
+        self, cfg: ModelConfig, *, rngs: nnx.Rngs, out_in: bool = False, panels: bool = False
+    ):
         self.out_in = False
+        self.panels = False
+        # Each matrix's output size (a packed matrix's panels round it up to a multiple of 32).
+        self.matrix_out = tuple(
+            (n, shape[-1]) for n, shape in weight_shapes(cfg).items() if n in MATRICES
+        )
         dtype = jnp.dtype(cfg.dtype)
         for name, shape in weight_shapes(cfg).items():
             if name not in LAYER_WEIGHTS:
@@ -135,7 +161,7 @@ class Layers(nnx.Module):
                 fan_in = shape[1]
                 value = jax.random.normal(rngs.params(), shape, dtype) / jnp.sqrt(fan_in)
             setattr(self, name, nnx.Param(value))
-        self.set_layout(out_in)
+        self.set_layout(out_in, panels)
 
     def compute_arrays(self) -> dict:
         """The weights as stored (what the forward pass reads): [L, ...] arrays, except that in
@@ -154,42 +180,85 @@ class Layers(nnx.Module):
         stored = self.compute_arrays()
         if not self.out_in:
             return stored
-        return {n: _canonical(_stacked(w)) if n in MATRICES else w for n, w in stored.items()}
+        return {
+            n: _canonical(_stacked(tuple(self._out_in_matrices(n)))) if n in MATRICES else w
+            for n, w in stored.items()
+        }
 
-    def set_layout(self, out_in: bool) -> None:
-        """Store the matrices in the given layout (in place)."""
-        if out_in == self.out_in:
+    def panel_out(self, name: str) -> int | None:
+        """Matrix `name`'s output size where it is packed in panels, else None."""
+        return dict(self.matrix_out)[name] if self.panels and name in MATRICES else None
+
+    def _out_in_matrices(self, name: str) -> list:
+        """Matrix `name` as L [out, in] arrays, whatever the storage layout."""
+        stored = getattr(self, name)
+        if not self.out_in:
+            stack = stored[...]
+            return [_transposed(stack[i]) for i in range(stack.shape[0])]
+        if self.panels:
+            return [cpu_panels.unpack(p[...], dict(self.matrix_out)[name]) for p in stored]
+        return [p[...] for p in stored]
+
+    def set_layout(self, out_in: bool, panels: bool = False) -> None:
+        """Store the matrices in the given layout (in place); panels needs out_in."""
+        if panels and not out_in:
+            raise ValueError("the panel layout packs [out, in] matrices: it needs out_in=True")
+        if (out_in, panels) == (self.out_in, self.panels):
             return
         for name in MATRICES:
             if not hasattr(self, name):
                 continue
-            stored = getattr(self, name)
+            matrices = self._out_in_matrices(name)
             if out_in:
-                stack = stored[...]
-                per_layer = [nnx.Param(_transposed(stack[i])) for i in range(stack.shape[0])]
-                setattr(self, name, nnx.List(per_layer))
+                convert = cpu_panels.pack if panels else _as_array
+                setattr(self, name, nnx.List([nnx.Param(convert(w)) for w in matrices]))
             else:
-                setattr(self, name, nnx.Param(_stacked(tuple(_transposed(p[...]) for p in stored))))
-        self.out_in = out_in
+                setattr(self, name, nnx.Param(_stacked(tuple(_transposed(w) for w in matrices))))
+        self.out_in, self.panels = out_in, panels
 
 
 class Llama(nnx.Module):
     """A Llama-family decoder. Call it on a block of tokens written at each row's cache length."""
 
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, out_in: bool | None = None):
-        """out_in: the decoder stack's weight layout (Layers); None: default_out_in()."""
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        *,
+        rngs: nnx.Rngs,
+        out_in: bool | None = None,
+        panels: bool | None = None,
+    ):
+        """out_in, panels: the decoder stack's weight layout (Layers); None: default_out_in(),
+        and panels where out_in and default_panels()."""
         self.config = cfg
         dtype = jnp.dtype(cfg.dtype)
         self.embed = nnx.Param(
             0.5 * jax.random.normal(rngs.params(), (cfg.vocab_size, cfg.d_model), dtype)
         )
-        self.layers = Layers(cfg, rngs=rngs, out_in=default_out_in() if out_in is None else out_in)
+        out_in = default_out_in() if out_in is None else out_in
+        if panels is None:  # the kernel is float32
+            panels = out_in and dtype == jnp.float32 and default_panels()
+        self.layers = Layers(cfg, rngs=rngs, out_in=out_in, panels=panels)
         self.final_norm = nnx.Param(jnp.ones((cfg.d_model,), dtype))
         if not cfg.tie_embeddings:
             self.lm_head = nnx.Param(
                 jax.random.normal(rngs.params(), (cfg.d_model, cfg.vocab_size), dtype)
                 / jnp.sqrt(cfg.d_model)
             )
+        # The LM head packed for the CPU kernel (a PackedHead), set by pack_head: loading
+        # (model_from_weights) packs it; a model built here keeps XLA's head product.
+        self.head_panels = nnx.data(None)
+
+    def pack_head(self) -> None:
+        """With panel layers, keep the LM head [V, M] packed for the CPU kernel too: a copy
+        beside the embedding (which token lookups read), derived from it. model_from_weights
+        calls it once the weights are in; whoever changes embed or lm_head afterwards calls it
+        again (or the logits would still read the old head)."""
+        if not self.layers.panels:
+            self.head_panels = None
+            return
+        w = self.embed[...] if self.config.tie_embeddings else self.lm_head[...].T
+        self.head_panels = PackedHead(cpu_panels.pack(w))
 
     def embed_tokens(self, tokens: jax.Array) -> jax.Array:
         """tokens [B, T] -> [B, T, M]."""
@@ -199,6 +268,9 @@ class Llama(nnx.Module):
         """Final norm + LM head: [..., M] residual stream -> [..., V] float32 logits (accumulated
         in float32 whatever the weights' dtype, so bfloat16 models do not round the logits)."""
         x = rms_norm(hidden, self.final_norm[...], self.config.norm_eps)
+        if self.head_panels is not None:
+            panels = self.head_panels[...]
+            return cpu_panels.panel_product(x, 0, (panels,), self.config.vocab_size)
         if self.config.tie_embeddings and self.layers.out_in:
             # The embedding [V, M] leads the product, as the out_in layers' weights do.
             embed = self.embed[...]
@@ -256,7 +328,7 @@ class Llama(nnx.Module):
             # In the out_in layout the matrices are one buffer per layer (PerLayer), which
             # `dense` picks by lax.switch: indexing a stack made XLA:CPU copy every layer's
             # weights on every forward.
-            p = {n: PerLayer(w, layer) if isinstance(w, tuple)
+            p = {n: PerLayer(w, layer, self.layers.panel_out(n)) if isinstance(w, tuple)
                  else jax.lax.dynamic_index_in_dim(w, layer, 0, keepdims=False)
                  for n, w in weights.items()}  # fmt: skip
             q, k, v = project_qkv(
@@ -343,12 +415,14 @@ def model_from_weights(
             stored = getattr(target, name)
             if isinstance(stored, nnx.List):  # out_in: one [out, in] buffer per layer
                 value = np.asarray(weights[name])
+                convert = cpu_panels.pack if model.layers.panels else _as_array
                 for i, param in enumerate(stored):
-                    param.set_value(_transposed(value[i]).astype(dtype))
+                    param.set_value(convert(_transposed(value[i]).astype(dtype)))
                 continue
             stored.set_value(jnp.asarray(weights[name], dtype))
             continue
         param = getattr(target, name)
         param.set_value(place_weight(name, weights[name], cfg, mesh, dtype, rules))
         param.set_metadata(logical_axes=LOGICAL_AXES[name])
+    model.pack_head()
     return model

@@ -36,6 +36,7 @@ import numpy as np
 from flax import nnx
 
 from specjax.config import ModelConfig
+from specjax.kernels import cpu_panels
 from specjax.models.drafter import DrafterConfig, DrafterNet
 
 FORMAT = "specjax-drafter"
@@ -51,16 +52,29 @@ _SAMPLE_STRIDE = 2654435761  # Knuth's multiplicative-hash constant: spreads sam
 
 
 class PerLayerMatrix:
-    """A matrix the target stores as one [out, in] buffer per layer (Layers.out_in), read at
-    indices of its canonical [L, in, out] stack without building the stack (which copies every
-    layer: ~0.3 s for SmolLM2, where a fingerprint samples 64 values)."""
+    """A matrix the target stores as one [out, in] buffer per layer (Layers.out_in), or one
+    packed [P, in, 32] buffer per layer (Layers.panels: pass `out`), read at indices of its
+    canonical [L, in, out] stack without building the stack (which copies every layer: ~0.3 s
+    for SmolLM2, where a fingerprint samples 64 values)."""
 
-    def __init__(self, per_layer: tuple):
+    def __init__(self, per_layer: tuple, out: int | None = None):
         self.per_layer = per_layer
-        out_dim, in_dim = per_layer[0].shape
+        self.out = out
+        if out is None:
+            out_dim, in_dim = per_layer[0].shape
+        else:
+            out_dim, in_dim = out, per_layer[0].shape[1]
         self.shape = (len(per_layer), in_dim, out_dim)
 
     def at(self, layers, rows, cols) -> np.ndarray:
+        if self.out is not None:
+            return np.asarray(
+                [
+                    cpu_panels.value_at(self.per_layer[layer], col, row)
+                    for layer, row, col in zip(layers, rows, cols, strict=True)
+                ],
+                np.float32,
+            )
         return np.asarray(
             [
                 np.asarray(self.per_layer[layer])[col, row]
@@ -70,7 +84,11 @@ class PerLayerMatrix:
         )
 
     def __array__(self, dtype=None, copy=None):
-        stack = np.stack([np.asarray(w).T for w in self.per_layer])
+        if self.out is not None:
+            matrices = [cpu_panels.unpack(w, self.out) for w in self.per_layer]
+        else:
+            matrices = [np.asarray(w) for w in self.per_layer]
+        stack = np.stack([w.T for w in matrices])
         return stack if dtype is None else stack.astype(dtype)
 
 
@@ -82,7 +100,10 @@ def fingerprint_tensors(model) -> dict:
     if not model.config.tie_embeddings:
         tensors["lm_head"] = model.lm_head[...]
     for name, stored in model.layers.compute_arrays().items():
-        tensors[name] = PerLayerMatrix(stored) if isinstance(stored, tuple) else stored
+        if isinstance(stored, tuple):
+            tensors[name] = PerLayerMatrix(stored, model.layers.panel_out(name))
+        else:
+            tensors[name] = stored
     return tensors
 
 

@@ -1,0 +1,211 @@
+"""The CPU panel kernel (specjax.kernels.cpu_panels) and the target layout that uses it
+(Layers.panels): the kernel computes the product at every row count, a row's result does not
+depend on the rows beside it, and a model with packed matrices is the same function, with the
+same canonical arrays and fingerprint, as the other layouts."""
+
+import os
+import subprocess
+import sys
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from specjax.kernels import cpu_panels
+from test_weight_layout import _canonical_weights, both_layouts
+
+import specjax
+from specjax.cache import init_cache
+from specjax.config import TINY
+from specjax.models.target import MATRICES, Llama, default_panels, model_from_weights
+from specjax.train.checkpoint import target_fingerprint
+from specjax.tree import causal_mask
+
+pytestmark = pytest.mark.skipif(
+    jax.default_backend() != "cpu" or not cpu_panels.available(),
+    reason="the panel kernel runs on the CPU backend where it builds",
+)
+
+
+def _weights(out: int, inner: int, layers: int = 3, seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal((out, inner)).astype(np.float32) for _ in range(layers)]
+
+
+def test_pack_and_unpack_round_trip():
+    (w,) = _weights(70, 45, layers=1)  # 70 is not a multiple of the 32-lane panel
+    panels = cpu_panels.pack(w)
+    chex.assert_shape(panels, (3, 45, 32))
+    np.testing.assert_array_equal(cpu_panels.unpack(panels, 70), w)
+    np.testing.assert_array_equal(np.asarray(panels)[2, :, 6:], 0.0)  # rows past O are zero
+    assert cpu_panels.value_at(panels, 37, 11) == w[37, 11]
+    traced = jax.jit(lambda w: cpu_panels.unpack(cpu_panels.pack(w), 70))(jnp.asarray(w))
+    np.testing.assert_array_equal(np.asarray(traced), w)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 7, 8, 9, 16, 33, 100])
+def test_the_kernel_is_the_product_of_the_chosen_layer(rows):
+    """Every row count (the kernel takes rows 8 at a time and splits 8+ over threads), a weight
+    whose sizes are not multiples of the panel or of the kernel's 64-input blocks, and the layer
+    picked by a traced index."""
+    ws = _weights(70, 150)
+    panels = tuple(cpu_panels.pack(w) for w in ws)
+    x = np.random.default_rng(1).standard_normal((rows, 150)).astype(np.float32)
+    product = jax.jit(lambda x, layer: cpu_panels.panel_product(x, layer, panels, 70))
+    for layer, w in enumerate(ws):
+        out = np.asarray(product(x, jnp.int32(layer)))
+        chex.assert_shape(out, (rows, 70))
+        want = x.astype(np.float64) @ w.T.astype(np.float64)
+        np.testing.assert_allclose(out, want, atol=2e-4, rtol=1e-5)
+
+
+def test_a_rows_result_does_not_depend_on_the_block():
+    """Bit for bit: the same row alone, first or last in a block of any size (plain decoding's
+    one-token forward and a verification block then read identical products)."""
+    ws = _weights(96, 576, layers=1, seed=2)
+    panels = tuple(cpu_panels.pack(w) for w in ws)
+    block = np.random.default_rng(3).standard_normal((40, 576)).astype(np.float32)
+    product = jax.jit(lambda x: cpu_panels.panel_product(x, 0, panels, 96))
+    alone = np.asarray(product(block[:1]))[0]
+    for rows in (2, 5, 8, 9, 17, 40):
+        out = np.asarray(product(block[:rows]))
+        np.testing.assert_array_equal(out[0], alone)
+        np.testing.assert_array_equal(out[-1], np.asarray(product(block[rows - 1 : rows]))[0])
+
+
+def test_leading_axes_are_rows():
+    ws = _weights(40, 64, layers=1)
+    panels = tuple(cpu_panels.pack(w) for w in ws)
+    x = np.random.default_rng(4).standard_normal((2, 3, 64)).astype(np.float32)
+    out = cpu_panels.panel_product(x, 0, panels, 40)
+    chex.assert_shape(out, (2, 3, 40))
+    np.testing.assert_allclose(np.asarray(out), x @ ws[0].T, atol=1e-4)
+
+
+def _panel_model(seed: int = 0) -> tuple[Llama, Llama]:
+    canonical, _ = both_layouts(seed)
+    packed = nnx.clone(canonical)
+    packed.layers.set_layout(True, panels=True)
+    packed.pack_head()
+    return canonical, packed
+
+
+def test_packed_layers_read_back_canonical_with_the_same_fingerprint():
+    canonical, packed = _panel_model()
+    assert packed.layers.panels and packed.head_panels is not None
+    stored = packed.layers.compute_arrays()
+    for name, arr in canonical.layers.arrays().items():
+        np.testing.assert_array_equal(np.asarray(packed.layers.arrays()[name]), np.asarray(arr))
+        if name in MATRICES:
+            out = arr.shape[-1]
+            assert packed.layers.panel_out(name) == out
+            chex.assert_shape(stored[name][0], (-(-out // 32), arr.shape[1], 32))
+    assert target_fingerprint(packed) == target_fingerprint(canonical)
+    packed.layers.set_layout(False)  # back to the canonical stack
+    for name, arr in canonical.layers.compute_arrays().items():
+        np.testing.assert_array_equal(np.asarray(packed.layers.compute_arrays()[name]), arr)
+    with pytest.raises(ValueError, match="needs out_in"):
+        packed.layers.set_layout(False, panels=True)
+
+
+def test_forward_is_the_same_function_with_packed_matrices():
+    canonical, packed = _panel_model()
+    cache = init_cache(TINY, 2, 24)
+    tokens = jnp.asarray([[1, 5, 7, 9, 2, 3], [4, 4, 8, 1, 0, 6]], jnp.int32)
+    positions = jnp.broadcast_to(jnp.arange(6, dtype=jnp.int32), (2, 6))
+    mask = causal_mask(2, 6)
+    a = canonical(tokens, positions=positions, cache=cache, tree_mask=mask, return_hidden=(1,))
+    b = packed(tokens, positions=positions, cache=cache, tree_mask=mask, return_hidden=(1,))
+    chex.assert_trees_all_close(b.logits, a.logits, atol=1e-4, rtol=1e-4)
+    chex.assert_trees_all_close(b.hidden, a.hidden, atol=1e-4, rtol=1e-4)
+    chex.assert_trees_all_close(b.cache.k, a.cache.k, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_greedy_decoding_equal_with_packed_matrices(batch):
+    """generate on the canonical target, generate and speculative decoding (a 3-chain and a
+    tree of a draft model) on the packed one: the same tokens."""
+    canonical, packed = _panel_model(3)
+    prompts = [[1, 2, 3], [7, 8, 9, 10, 11], [5]][:batch]
+    ref = specjax.generate(canonical, prompts, max_new_tokens=24)
+    out = specjax.generate(packed, prompts, max_new_tokens=24)
+    np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
+    drafter = specjax.LMDrafter.self_draft(1)
+    for tree in (specjax.TreeConfig.chain(3), specjax.TreeConfig(branching=(3, 2))):
+        config = specjax.SpecConfig(tree=tree)
+        spec = specjax.speculative_generate(
+            packed, drafter, prompts, max_new_tokens=24, config=config
+        )
+        np.testing.assert_array_equal(np.asarray(spec.tokens), np.asarray(ref.tokens))
+    assert all(len(set(row.tolist())) > 5 for row in np.asarray(ref.tokens))  # tokens vary
+
+
+def test_loaded_float32_models_pack_and_bfloat16_ones_do_not():
+    assert default_panels()
+    canonical = Llama(TINY, rngs=nnx.Rngs(0), out_in=False)
+    weights = {k: np.asarray(v) for k, v in _canonical_weights(canonical)}
+    loaded = model_from_weights(TINY, weights)
+    assert loaded.layers.panels and loaded.head_panels is not None
+    np.testing.assert_array_equal(
+        cpu_panels.unpack(loaded.head_panels[...], TINY.vocab_size),
+        np.asarray(canonical.embed[...]),
+    )
+    for name, arr in canonical.layers.arrays().items():
+        np.testing.assert_array_equal(np.asarray(loaded.layers.arrays()[name]), arr)
+    bf16 = TINY.__class__(**{**TINY.__dict__, "dtype": "bfloat16"})
+    assert not Llama(bf16, rngs=nnx.Rngs(0)).layers.panels
+
+
+def test_switching_the_kernel_off_keeps_xlas_products():
+    code = (
+        "from specjax.kernels import cpu_panels; from specjax.config import TINY; "
+        "from specjax.models.target import Llama; from flax import nnx; "
+        "m = Llama(TINY, rngs=nnx.Rngs(0)); "
+        "print(cpu_panels.available(), m.layers.out_in, m.layers.panels, m.head_panels)"
+    )
+    env = dict(os.environ, **{cpu_panels.ENV_SWITCH: "0"})
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    assert done.stdout.split() == ["False", "True", "False", "None"], done.stdout
+
+
+def test_the_product_is_differentiable_in_its_input():
+    ws = _weights(40, 64)
+    panels = tuple(cpu_panels.pack(w) for w in ws)
+    x = jnp.asarray(np.random.default_rng(5).standard_normal((3, 64)).astype(np.float32))
+    grad = jax.grad(lambda x: jnp.sum(jnp.sin(cpu_panels.panel_product(x, 1, panels, 40))))(x)
+    want = jax.grad(lambda x: jnp.sum(jnp.sin(x @ jnp.asarray(ws[1]).T)))(x)
+    np.testing.assert_allclose(np.asarray(grad), np.asarray(want), atol=1e-4)
+
+
+def test_products_in_flight_at_once_do_not_wait_on_each_other():
+    """Products of 8+ rows hand chunks of panels to XLA's thread pool. One that waited for its
+    scheduled tasks to start hung as soon as every pool thread sat in such a wait (many
+    computations in flight, several threads dispatching: the first version of the kernel hung
+    here, and once in the test suite on a 2-core machine). Run in a subprocess with a deadline."""
+    code = """
+import threading, jax, jax.numpy as jnp, numpy as np
+from specjax.kernels import cpu_panels
+assert cpu_panels.available()
+rng = np.random.default_rng(0)
+panels = [(cpu_panels.pack(rng.standard_normal((256, 128)).astype(np.float32)),) for _ in range(12)]
+f = jax.jit(lambda x: sum(cpu_panels.panel_product(x, 0, p, 256) for p in panels))
+g = jax.jit(lambda x: jnp.stack(
+    [cpu_panels.panel_product(x + i, 0, p, 256) for i, p in enumerate(panels)]))
+x = jnp.ones((16, 128), jnp.float32)
+jax.block_until_ready([f(x) for _ in range(50)] + [g(x) for _ in range(50)])
+def dispatch():
+    for _ in range(30):
+        jax.block_until_ready(g(x))
+threads = [threading.Thread(target=dispatch) for _ in range(4)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+print("done")
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True
+    )
+    assert done.stdout.split()[-1] == "done"
