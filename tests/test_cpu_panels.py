@@ -172,13 +172,22 @@ def test_switching_the_kernel_off_keeps_xlas_products():
     assert done.stdout.split() == ["False", "True", "False", "None"], done.stdout
 
 
-def test_the_product_is_differentiable_in_its_input():
+def test_the_product_is_differentiable_in_its_input_and_weights():
     ws = _weights(40, 64)
     panels = tuple(cpu_panels.pack(w) for w in ws)
     x = jnp.asarray(np.random.default_rng(5).standard_normal((3, 64)).astype(np.float32))
-    grad = jax.grad(lambda x: jnp.sum(jnp.sin(cpu_panels.panel_product(x, 1, panels, 40))))(x)
-    want = jax.grad(lambda x: jnp.sum(jnp.sin(x @ jnp.asarray(ws[1]).T)))(x)
-    np.testing.assert_allclose(np.asarray(grad), np.asarray(want), atol=1e-4)
+
+    def loss(x, panels):
+        return jnp.sum(jnp.sin(cpu_panels.panel_product(x, jnp.int32(1), panels, 40)))
+
+    grad_x, grad_panels = jax.grad(loss, argnums=(0, 1))(x, panels)
+    want_x, want_w = jax.grad(lambda x, w: jnp.sum(jnp.sin(x @ w.T)), argnums=(0, 1))(
+        x, jnp.asarray(ws[1])
+    )
+    np.testing.assert_allclose(np.asarray(grad_x), np.asarray(want_x), atol=1e-4)
+    np.testing.assert_allclose(cpu_panels.unpack(grad_panels[1], 40), want_w, atol=1e-4)
+    for k in (0, 2):  # the other layers' weights get no gradient
+        np.testing.assert_array_equal(np.asarray(grad_panels[k]), 0.0)
 
 
 def test_products_in_flight_at_once_do_not_wait_on_each_other():
@@ -209,3 +218,55 @@ print("done")
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True
     )
     assert done.stdout.split()[-1] == "done"
+
+
+@pytest.mark.parametrize("kind", ["eagle", "mdc"])
+def test_feature_drafters_bound_to_a_packed_target_pack_their_matrices(kind):
+    """A feature drafter bound to a packed target packs its layer, its own matrices and its
+    readout head, drafts trees the target accepts as before (greedy output equal to plain
+    decoding), reads back canonical parameters, and trains: a packed net's gradients are its
+    canonical net's."""
+    from specjax.drafters import EagleDrafter, HiddenStateDrafter
+    from specjax.models.drafter import DrafterConfig, DrafterNet, target_parts, unrolled_outputs
+
+    canonical, packed = _panel_model(3)
+    cfg = DrafterConfig(kind=kind, target=TINY, draft_vocab_size=TINY.vocab_size)
+    net = DrafterNet(cfg, np.arange(TINY.vocab_size), rngs=nnx.Rngs(5), target=canonical)
+    cls = HiddenStateDrafter if kind == "mdc" else EagleDrafter
+    plain, fast = cls(nnx.clone(net), canonical), cls(nnx.clone(net), packed)
+    assert fast.net.panels and fast.net.layers.panels and fast.head_panels is not None
+    assert fast.net.fc[...].ndim == 3  # [P, I, 32]
+    prompts = [[1, 2, 3], [7, 8, 9, 10, 11]]
+    ref = specjax.generate(canonical, prompts, max_new_tokens=20)
+    config = specjax.SpecConfig(tree=specjax.TreeConfig.dynamic(6, 3, 2))
+    out = specjax.speculative_generate(packed, fast, prompts, max_new_tokens=20, config=config)
+    np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
+    chex.assert_trees_all_close(fast.net.canonical_params(), plain.net.canonical_params())
+
+    tokens = jnp.asarray([[1, 5, 7, 9, 2, 3]], jnp.int32)
+    feats = jax.random.normal(jax.random.key(0), (1, 6, TINY.d_model))
+    parts = target_parts(canonical, plain.net.draft_vocab[...])
+
+    def loss(net):
+        return sum(jnp.mean(o**2) for o in unrolled_outputs(net, parts, tokens, feats, 2))
+
+    grads = {}
+    for name, d in (("plain", plain), ("fast", fast)):
+        graphdef, params, rest = nnx.split(d.net, nnx.Param, ...)
+        g = jax.grad(lambda p, gd=graphdef, r=rest: loss(nnx.merge(gd, p, r)))(params)
+        grads[name] = nnx.merge(graphdef, g, rest)
+
+    # The packed net's gradients, unpacked, are the canonical net's.
+    # Gradients reach ~3000 here and small entries come from cancellation, so two summation
+    # orders differ by up to ~1e-5 of each tensor's scale: compared at 1e-4 of it (a wrong or
+    # missing gradient differs by the order of the scale).
+    def close_to_scale(a, b):
+        a, b = np.asarray(a), np.asarray(b)
+        assert np.max(np.abs(a - b)) <= 1e-4 * np.max(np.abs(b)) + 1e-6
+
+    jax.tree.map(
+        close_to_scale, grads["fast"].canonical_params(), grads["plain"].canonical_params()
+    )
+    fast.set_layout(False)  # back to canonical in place
+    chex.assert_trees_all_close(fast.net.canonical_params(), plain.net.canonical_params())
+    assert fast.head_panels is None and not fast.net.panels

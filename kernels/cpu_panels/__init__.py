@@ -156,8 +156,8 @@ def value_at(panels, o: int, i: int) -> float:
 def panel_product(x: jax.Array, layer, panels: tuple, out: int) -> jax.Array:
     """x [..., I] float32 times weight `layer` of `panels` (each [P, I, 32]) -> [..., out].
 
-    Differentiable in x (the weights are frozen wherever they are packed: a gradient through a
-    packed target or readout reaches the activations only)."""
+    Differentiable in x and in the panels (a packed net still trains: the gradient of a
+    packed weight is the packed gradient of the weight)."""
     return _product(x.astype(jnp.float32), jnp.asarray(layer, jnp.int32).reshape(()), panels, out)
 
 
@@ -170,13 +170,17 @@ def _product(x, layer, panels, out):
 
 
 def _product_fwd(x, layer, panels, out):
-    return _product(x, layer, panels, out), (layer, panels)
+    return _product(x, layer, panels, out), (x, layer, panels)
 
 
 def _product_bwd(out, residuals, g):
-    layer, panels = residuals
+    x, layer, panels = residuals
     weight = jax.lax.switch(layer, [lambda p=p: unpack(p, out) for p in panels])  # [out, I]
-    return g @ weight, None, jax.tree.map(jnp.zeros_like, panels)
+    grad_w = pack(jnp.einsum("...o,...i->oi", g, x))  # packing is linear
+    grad_panels = tuple(
+        jnp.where(layer == k, grad_w, jnp.zeros_like(p)) for k, p in enumerate(panels)
+    )
+    return g @ weight, None, grad_panels
 
 
 _product.defvjp(_product_fwd, _product_bwd)

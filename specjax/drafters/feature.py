@@ -36,7 +36,7 @@ from specjax.cache import KVCache, init_cache
 from specjax.config import SamplingConfig, SpecConfig, TreeConfig
 from specjax.drafters.base import RootContext
 from specjax.kernels import cpu_panels
-from specjax.models.drafter import DrafterNet, TargetParts, shift_right
+from specjax.models.drafter import DrafterNet, TargetParts, one_layer_weights, shift_right
 from specjax.models.layers import decoder_layer, rope_angles
 from specjax.sampling import apply_sampling
 from specjax.tree import Acceptance, DraftTree, causal_mask, expand_topk
@@ -111,10 +111,10 @@ class FeatureDrafter(nnx.Module):
     def set_layout(self, out_in: bool, panels: bool = False) -> None:
         """Store the net's matrices and the readout head [out, in] (out_in) or canonically, in
         place (the same drafts either way); binding to a target picks the target's layout.
-        panels: also keep the readout head packed for the CPU kernel (as a target with packed
-        layers does: specjax.kernels.cpu_panels); the readout over a few frontier rows is the
-        drafter's largest product."""
-        self.net.set_layout(out_in)
+        panels: the net's matrices packed for the CPU kernel, and the readout head kept packed
+        too (as a target with packed layers does: specjax.kernels.cpu_panels); a drafting
+        level's products run over a few frontier rows."""
+        self.net.set_layout(out_in, panels)
         if out_in != self.head_out_in:
             self.head_u.set_value(self.head_u[...].T)
             self.head_out_in = out_in
@@ -153,7 +153,7 @@ class FeatureDrafter(nnx.Module):
         """Run the drafter layer on a block x [B, T, M] written into its cache at cache.lengths
         (prefill and commits: the same contract as the target's layers)."""
         cfg = self.net.config.layer
-        p = {n: w[0] for n, w in self.net.layers.compute_arrays().items()}
+        p = one_layer_weights(self.net.layers)
         cos, sin = rope_angles(positions, cfg.head_dim, cfg.rope_theta)
         out, k, v = decoder_layer(
             p, x, cos, sin, cache.k[0], cache.v[0], cache.lengths, mask, cfg, attn_impl,

@@ -58,6 +58,7 @@ from flax import nnx
 from specjax.config import ModelConfig
 from specjax.kernels import cpu_panels
 from specjax.models.layers import (
+    PerLayer,
     dense,
     finish_layer,
     project_qkv,
@@ -248,6 +249,9 @@ class DrafterNet(nnx.Module):
                 jax.random.normal(rngs.params(), (m, f), jnp.float32) / jnp.sqrt(m)
             )
             self.readout_down = nnx.Param(jnp.zeros((f, m), jnp.float32))
+        self.panels = False  # matrices packed for the CPU kernel (set_layout)
+        # Each own matrix's output size (built canonical, [in, out]), which packing rounds up.
+        self.matrix_out = tuple((n, getattr(self, n).shape[1]) for n in self.matrix_names())
 
     # -- inputs and readouts -------------------------------------------------------------------
 
@@ -316,9 +320,9 @@ class DrafterNet(nnx.Module):
                 )
             x = self._dense(out, "inject") + info
             mlp = {
-                "w_gate": self.readout_gate[...],
-                "w_up": self.readout_up[...],
-                "w_down": self.readout_down[...],
+                "w_gate": self._matrix("readout_gate"),
+                "w_up": self._matrix("readout_up"),
+                "w_down": self._matrix("readout_down"),
             }
             x = x + swiglu(mlp, rms_norm(x, self.readout_norm[...], eps), self.out_in)
         return readout(x, parts, eps)
@@ -329,24 +333,43 @@ class DrafterNet(nnx.Module):
         """The decoder layer's weights: the mdc chain layer when chain (mdc only), else the
         context layer (eagle uses one layer everywhere)."""
         layers = self.chain_layers if chain and self.config.kind == "mdc" else self.layers
-        return {n: w[0] for n, w in layers.compute_arrays().items()}
+        return one_layer_weights(layers)
+
+    def _matrix(self, name: str):
+        """The net's matrix `name` as `dense` reads it (a PerLayer of one when packed)."""
+        w = getattr(self, name)[...]
+        if not self.panels:
+            return w
+        return PerLayer((w,), jnp.int32(0), dict(self.matrix_out)[name])
 
     def _dense(self, x: jax.Array, name: str) -> jax.Array:
         """x [..., I] times the net's matrix `name` (one of MATRICES, stored per self.out_in)."""
-        return dense(x, getattr(self, name)[...], self.out_in)
+        return dense(x, self._matrix(name), self.out_in)
 
-    def set_layout(self, out_in: bool) -> None:
+    def _canonical_matrix(self, name: str) -> jax.Array:
+        """The net's matrix `name` [in, out], whatever the storage layout."""
+        w = getattr(self, name)[...]
+        if self.panels:
+            return jnp.asarray(cpu_panels.unpack(w, dict(self.matrix_out)[name])).T
+        return jnp.swapaxes(w, 0, 1) if self.out_in else w
+
+    def set_layout(self, out_in: bool, panels: bool = False) -> None:
         """Store every weight matrix (the decoder layers' and MATRICES) [out, in] (out_in) or
         canonically [in, out], in place: the forward is the same function of the weights either
-        way (specjax.models.layers.dense); checkpoints stay canonical (canonical_params)."""
+        way (specjax.models.layers.dense); checkpoints stay canonical (canonical_params).
+        panels (with out_in): packed for the CPU kernel (specjax.kernels.cpu_panels), as the
+        layers of a target with packed matrices are."""
+        if panels and not out_in:
+            raise ValueError("the panel layout packs [out, in] matrices: it needs out_in=True")
         for layers in (self.layers, getattr(self, "chain_layers", None)):
             if layers is not None:
-                layers.set_layout(out_in)
-        if out_in != self.out_in:
-            for name in self.matrix_names():
-                w = getattr(self, name)
-                w.set_value(jnp.swapaxes(w[...], 0, 1))
-            self.out_in = out_in
+                layers.set_layout(out_in, panels)
+        if (out_in, panels) != (self.out_in, self.panels):
+            canonical = {name: self._canonical_matrix(name) for name in self.matrix_names()}
+            for name, w in canonical.items():
+                stored = cpu_panels.pack(w.T) if panels else (w.T if out_in else w)
+                getattr(self, name).set_value(stored)
+            self.out_in, self.panels = out_in, panels
 
     def matrix_names(self) -> tuple[str, ...]:
         """The net's own weight matrices (outside its decoder layers) that it has."""
@@ -359,9 +382,8 @@ class DrafterNet(nnx.Module):
             layers = getattr(self, name, None)
             if layers is not None and layers.out_in:
                 params[name].update(layers.arrays())
-        if self.out_in:
-            for name in self.matrix_names():
-                params[name] = jnp.swapaxes(params[name], 0, 1)
+        for name in self.matrix_names():
+            params[name] = self._canonical_matrix(name)
         return params
 
     def qkv(self, x: jax.Array, positions: jax.Array, chain: bool = False):
@@ -392,6 +414,16 @@ class DrafterNet(nnx.Module):
         ext_mask = jnp.concatenate([ext_mask, jnp.ones(ext_mask.shape[:2] + (1,), bool)], axis=2)
         attn = attend_context_and_extra(q, ctx_k, ctx_v, ctx_mask, ext_k, ext_v, ext_mask)
         return self.finish(x, attn, chain), k, v
+
+
+def one_layer_weights(layers: Layers) -> dict:
+    """A one-layer stack's weights as `decoder_layer` reads them: each [..] array's layer 0,
+    and packed matrices as a PerLayer of one (the kernel takes the layer as an operand)."""
+    out = {}
+    for name, w in layers.compute_arrays().items():
+        size = layers.panel_out(name)
+        out[name] = w[0] if size is None else PerLayer(w, jnp.int32(0), size)
+    return out
 
 
 def attend_context_and_extra(q, ctx_k, ctx_v, ctx_mask, ext_k, ext_v, ext_mask):
