@@ -14,14 +14,12 @@ import numpy as np
 import pytest
 from flax import nnx
 from specjax.kernels import cpu_panels
-from test_weight_layout import _canonical_weights, both_layouts
+from test_weight_layout import _canonical_weights, assert_same_forward, both_layouts
 
 import specjax
-from specjax.cache import init_cache
 from specjax.config import TINY
 from specjax.models.target import MATRICES, Llama, default_panels, model_from_weights
 from specjax.train.checkpoint import target_fingerprint
-from specjax.tree import causal_mask
 
 pytestmark = pytest.mark.skipif(
     jax.default_backend() != "cpu" or not cpu_panels.available(),
@@ -111,16 +109,7 @@ def test_packed_layers_read_back_canonical_with_the_same_fingerprint():
 
 
 def test_forward_is_the_same_function_with_packed_matrices():
-    canonical, packed = _panel_model()
-    cache = init_cache(TINY, 2, 24)
-    tokens = jnp.asarray([[1, 5, 7, 9, 2, 3], [4, 4, 8, 1, 0, 6]], jnp.int32)
-    positions = jnp.broadcast_to(jnp.arange(6, dtype=jnp.int32), (2, 6))
-    mask = causal_mask(2, 6)
-    a = canonical(tokens, positions=positions, cache=cache, tree_mask=mask, return_hidden=(1,))
-    b = packed(tokens, positions=positions, cache=cache, tree_mask=mask, return_hidden=(1,))
-    chex.assert_trees_all_close(b.logits, a.logits, atol=1e-4, rtol=1e-4)
-    chex.assert_trees_all_close(b.hidden, a.hidden, atol=1e-4, rtol=1e-4)
-    chex.assert_trees_all_close(b.cache.k, a.cache.k, atol=1e-4, rtol=1e-4)
+    assert_same_forward(*_panel_model())
 
 
 @pytest.mark.parametrize("batch", [1, 3])

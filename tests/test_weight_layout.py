@@ -103,20 +103,24 @@ def test_layouts_store_swapped_matrices_and_read_back_canonical():
         np.testing.assert_array_equal(np.asarray(swapped.layers.compute_arrays()[name]), arr)
 
 
-def test_forward_is_the_same_function_in_both_layouts():
-    canonical, swapped = both_layouts()
+def assert_same_forward(reference: Llama, other: Llama) -> None:
+    """Both models give the same logits, hidden states and cached keys on a prefill block."""
     cache = init_cache(TINY, 2, 24)
     tokens = jnp.asarray([[1, 5, 7, 9, 2, 3], [4, 4, 8, 1, 0, 6]], jnp.int32)
     positions = jnp.broadcast_to(jnp.arange(6, dtype=jnp.int32), (2, 6))
     mask = causal_mask(2, 6)
-    a = canonical(tokens, positions=positions, cache=cache, tree_mask=mask, return_hidden=(1,))
-    b = swapped(tokens, positions=positions, cache=cache, tree_mask=mask, return_hidden=(1,))
+    a = reference(tokens, positions=positions, cache=cache, tree_mask=mask, return_hidden=(1,))
+    b = other(tokens, positions=positions, cache=cache, tree_mask=mask, return_hidden=(1,))
     chex.assert_trees_all_close(b.logits, a.logits, atol=1e-4, rtol=1e-4)
-    # The two layouts sum the products in different orders; with AVX-512 kernels the hidden
-    # states (magnitudes up to ~400 here) and the cached keys differ by up to ~5e-5. A wrong
-    # layout differs by O(1).
+    # The layouts sum the products in different orders; with AVX-512 kernels the hidden states
+    # (magnitudes up to ~400 here) and the cached keys differ by up to ~5e-5. A wrong layout
+    # differs by O(1).
     chex.assert_trees_all_close(b.hidden, a.hidden, atol=1e-4, rtol=1e-4)
     chex.assert_trees_all_close(b.cache.k, a.cache.k, atol=1e-4, rtol=1e-4)
+
+
+def test_forward_is_the_same_function_in_both_layouts():
+    assert_same_forward(*both_layouts())
 
 
 @pytest.mark.parametrize("out_in", [False, True])
