@@ -218,6 +218,7 @@ def shard_model(model, mesh: Mesh, *, rules=None):
     check_mesh(mesh)
     cfg = model.config
     model.layers.set_layout(False)  # the rules name the canonical axes
+    model.pack_head()  # drops a packed LM head (the CPU kernel's, which a mesh does not use)
     for name, axes in LOGICAL_AXES.items():
         owner = model.layers if axes[0] == "layers" else model  # stacked weights live in .layers
         param = getattr(owner, name, None)

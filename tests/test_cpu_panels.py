@@ -259,3 +259,16 @@ def test_feature_drafters_bound_to_a_packed_target_pack_their_matrices(kind):
     fast.set_layout(False)  # back to canonical in place
     chex.assert_trees_all_close(fast.net.canonical_params(), plain.net.canonical_params())
     assert fast.head_panels is None and not fast.net.panels
+
+
+def test_sharding_a_packed_model_unpacks_it():
+    """The sharding rules name the canonical axes: shard_model unpacks the matrices and drops
+    the packed LM head, and the forward stays the same function."""
+    from specjax.sharding import shard_model
+
+    canonical = Llama(TINY, rngs=nnx.Rngs(0), out_in=False)
+    loaded = model_from_weights(TINY, {k: np.asarray(v) for k, v in _canonical_weights(canonical)})
+    assert loaded.layers.panels and loaded.head_panels is not None
+    shard_model(loaded, specjax.make_mesh(data=1, model=1))
+    assert not loaded.layers.out_in and not loaded.layers.panels and loaded.head_panels is None
+    assert_same_forward(canonical, loaded)

@@ -268,7 +268,7 @@ class Llama(nnx.Module):
         """Final norm + LM head: [..., M] residual stream -> [..., V] float32 logits (accumulated
         in float32 whatever the weights' dtype, so bfloat16 models do not round the logits)."""
         x = rms_norm(hidden, self.final_norm[...], self.config.norm_eps)
-        if self.head_panels is not None:
+        if self.layers.panels and self.head_panels is not None:
             panels = self.head_panels[...]
             return cpu_panels.panel_product(x, 0, (panels,), self.config.vocab_size)
         if self.config.tie_embeddings and self.layers.out_in:
