@@ -34,7 +34,6 @@ import functools
 import hashlib
 import itertools
 import json
-import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -46,6 +45,7 @@ import numpy as np
 from flax import nnx
 
 from specjax.cache import init_cache, tree_reserve
+from specjax.paths import cache_dir
 from specjax.tree import causal_mask
 
 DEFAULT_NODES = (1, 2, 4, 8, 16, 32, 64)
@@ -165,12 +165,6 @@ def cost_key(target, *, batch: int, context: int) -> str:
         _layout_name(layers),
     )
     return "|".join(parts)
-
-
-def cache_dir() -> Path:
-    """Where measured costs are kept: $SPECJAX_CACHE, else ~/.cache/specjax."""
-    env = os.environ.get("SPECJAX_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "specjax"
 
 
 def _cache_file(key: str, folder: Path, what: str = "verify") -> Path:

@@ -39,7 +39,7 @@ def enable_compilation_cache(folder: str | Path | None = None) -> Path | None:
     if current:
         return Path(current)
     if folder is None:
-        from specjax.autotune import cache_dir
+        from specjax.paths import cache_dir
 
         folder = cache_dir() / "xla"
     folder = Path(folder)

@@ -39,3 +39,10 @@ def shared_path(relative: str) -> Path:
             f"{path} not found: set SPECJAX_SHARED to the folder that holds models/ and data/"
         )
     return path
+
+
+def cache_dir() -> Path:
+    """Where specjax keeps what it measures and builds (costs, compiled programs, the CPU
+    kernel): $SPECJAX_CACHE, else ~/.cache/specjax."""
+    env = os.environ.get("SPECJAX_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "specjax"

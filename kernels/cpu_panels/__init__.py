@@ -35,17 +35,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specjax.paths import cache_dir
+
 PANEL = 32  # output lanes per panel (panel_product.cc's kPanel)
 TARGET = "specjax_panel_product"
 SOURCE = Path(__file__).with_name("panel_product.cc")
 ENV_SWITCH = "SPECJAX_CPU_PANELS"
 
 _state: dict = {}  # "ok": bool once decided; "why": the reason it is off
-
-
-def _cache_folder() -> Path:
-    env = os.environ.get("SPECJAX_CACHE")
-    return (Path(env) if env else Path.home() / ".cache" / "specjax") / "kernels"
 
 
 def _cpu_flags() -> str:
@@ -67,7 +64,7 @@ def _library_path(compiler: str) -> Path:
         [SOURCE.read_text(), jax.__version__, platform.machine(), _cpu_flags(), *version]
     )
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    return _cache_folder() / f"panel_product-{digest}.so"
+    return cache_dir() / "kernels" / f"panel_product-{digest}.so"
 
 
 def _build(library: Path, compiler: str) -> None:
