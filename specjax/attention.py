@@ -7,11 +7,14 @@ attention, so the three cases share one mask rule: query i of row b sees key pos
 j < lengths[b] (committed context) or j = lengths[b] + m with tree_mask[b, i, m] (the block: causal
 for prefill, ancestors-or-self for a draft tree, just itself for one-token decode).
 
-Implementations: "reference" (plain jnp, the CPU default), "pallas" (the flash-style kernel in
-specjax.kernels.tree_attention, compiled for TPU/GPU), "interpret" (the same kernel in Pallas
-interpret mode, for CPU tests). "auto" picks "pallas" on accelerators when the compiled kernel
-takes the model's head dim (the GPU kernel needs a power of two >= 16: stories260K's D=8 does not
-qualify) and "reference" otherwise, and on CPU.
+Implementations: "reference" (plain jnp), "cpu" (the C++ kernel in
+specjax.kernels.cpu_panels.cache_attention, which reads only the positions a query sees, in place
+in the whole [L, B, S, K, D] cache: the CPU default where it builds), "pallas" (the flash-style
+kernel in specjax.kernels.tree_attention, compiled for TPU/GPU), "interpret" (the same kernel in
+Pallas interpret mode, for CPU tests). "auto" picks "pallas" on accelerators when the compiled
+kernel takes the model's head dim (the GPU kernel needs a power of two >= 16: stories260K's D=8
+does not qualify) and "reference" otherwise; on CPU "cpu" where the kernel builds (see
+cpu_kernel_ok for the blocks it takes), else "reference".
 """
 
 from __future__ import annotations
@@ -25,8 +28,13 @@ from jax.sharding import PartitionSpec as P
 
 from specjax.sharding import DATA, active_mesh, kv_heads_axis
 
-AttentionImpl = Literal["auto", "reference", "pallas", "interpret"]
-ATTENTION_IMPLS = ("auto", "reference", "pallas", "interpret")
+AttentionImpl = Literal["auto", "reference", "cpu", "pallas", "interpret"]
+ATTENTION_IMPLS = ("auto", "reference", "cpu", "pallas", "interpret")
+# Query blocks wider than this (prefill) go through XLA's batched products even with "cpu": the
+# kernel computes one query at a time, which pays for a block of tree nodes over a long cache,
+# not for a prompt's causal block over itself.
+CPU_KERNEL_MAX_QUERIES = 64
+CPU_ATTENTION_SWITCH = "SPECJAX_CPU_ATTENTION"  # "0": keep XLA's attention on CPU
 
 
 def block_visibility(lengths: jax.Array, tree_mask: jax.Array, cache_len: int) -> jax.Array:
@@ -73,11 +81,57 @@ def resolve_impl(impl: AttentionImpl, head_dim: int | None = None) -> str:
         )
     if impl == "auto":
         if jax.default_backend() == "cpu":
-            return "reference"
+            return "cpu" if _cpu_kernel_builds() else "reference"
         from specjax.kernels.tree_attention import compiled_supports
 
         return "pallas" if head_dim is None or compiled_supports(head_dim) else "reference"
+    if impl == "cpu" and not _cpu_kernel_builds():
+        raise ValueError(
+            "attention implementation 'cpu' needs the CPU kernel, which is off here "
+            f"({_cpu_kernel_why()}): use 'auto' or 'reference'"
+        )
     return impl
+
+
+def _cpu_kernel_builds() -> bool:
+    import os
+
+    from specjax.kernels import cpu_panels
+
+    return os.environ.get(CPU_ATTENTION_SWITCH, "1") != "0" and cpu_panels.available()
+
+
+def _cpu_kernel_why() -> str:
+    from specjax.kernels import cpu_panels
+
+    return cpu_panels._state.get("why") or f"{CPU_ATTENTION_SWITCH}=0"
+
+
+def cpu_kernel_ok(impl: str, n_queries: int, dtype) -> bool:
+    """Whether a block of n_queries over a cache of `dtype` goes through the CPU kernel under the
+    resolved implementation `impl`: float32 caches, blocks up to CPU_KERNEL_MAX_QUERIES, and no
+    active mesh (XLA's partitioner cannot split a custom call: a sharded model keeps the jnp
+    attention)."""
+    return (
+        impl == "cpu"
+        and n_queries <= CPU_KERNEL_MAX_QUERIES
+        and jnp.dtype(dtype) == jnp.float32
+        and active_mesh() is None
+    )
+
+
+def attend_cache(q, k_all, v_all, layer, lengths, tree_mask, impl: AttentionImpl = "auto", *,
+                 visible=None):  # fmt: skip
+    """attend() over layer `layer` (traced) of the whole cache k_all / v_all [L, B, S, K, D]:
+    the CPU kernel reads it in place, the other implementations read the layer's slice."""
+    impl = resolve_impl(impl, q.shape[-1])
+    if cpu_kernel_ok(impl, q.shape[1], k_all.dtype):
+        from specjax.kernels.cpu_panels.cache_attention import cache_attention
+
+        return cache_attention(q, k_all, v_all, layer, lengths, tree_mask)
+    k = jax.lax.dynamic_index_in_dim(k_all, layer, 0, keepdims=False)
+    v = jax.lax.dynamic_index_in_dim(v_all, layer, 0, keepdims=False)
+    return attend(q, k, v, lengths, tree_mask, impl, visible=visible)
 
 
 def attend(q, k, v, lengths, tree_mask, impl: AttentionImpl = "auto", *, visible=None):
@@ -86,7 +140,11 @@ def attend(q, k, v, lengths, tree_mask, impl: AttentionImpl = "auto", *, visible
     visible [B, N, S]: block_visibility precomputed by a caller that runs many layers (used by the
     reference implementation)."""
     impl = resolve_impl(impl, q.shape[-1])
-    if impl == "reference":
+    if cpu_kernel_ok(impl, q.shape[1], k.dtype):
+        from specjax.kernels.cpu_panels.cache_attention import cache_attention
+
+        return cache_attention(q, k[None], v[None], 0, lengths, tree_mask)
+    if impl in ("reference", "cpu"):
         return reference_attention(q, k, v, lengths, tree_mask, visible)
     from specjax.kernels.tree_attention import tree_attention
 

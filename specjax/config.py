@@ -188,7 +188,7 @@ class SpecConfig:
     rule: "auto" picks greedy at temperature 0, "chain" for chain trees and "tree_onehot" (top-k
     children) for wider trees; "tree_sampled" draws children i.i.d. from the drafter; "hsd" is
     hierarchical (sequence-level) verification of sampled chains.
-    attn_impl: "auto" | "reference" | "pallas" | "interpret" (see specjax.attention).
+    attn_impl: "auto" | "reference" | "cpu" | "pallas" | "interpret" (see specjax.attention).
     pre_verify: let the drafter's pre-verifier (PACER, specjax.pre_verify) stop drafting early
     and prune the tree, when the drafter has one; False drafts and verifies the whole tree.
     fallback_tau: when set, speculation stops for the rest of the call once, after at least

@@ -303,8 +303,11 @@ def test_compiled_kernel_needs_an_accelerator():
 
 def test_auto_attention_uses_the_kernel_only_for_head_dims_it_takes(monkeypatch):
     """On a GPU, "auto" picks the compiled kernel for power-of-two head dims >= 16 and the
-    reference otherwise (stories260K's D=8); on TPU any head dim; on CPU always the reference."""
-    from specjax.attention import resolve_impl
+    reference otherwise (stories260K's D=8); on TPU any head dim; on CPU the CPU kernel where it
+    builds (tests/test_cpu_attention.py), else the reference."""
+    from specjax.attention import _cpu_kernel_builds, resolve_impl
+
+    on_cpu = "cpu" if _cpu_kernel_builds() else "reference"
 
     assert [ops.compiled_supports(d, "gpu") for d in (8, 16, 48, 64, 128)] == [
         False,
@@ -314,7 +317,7 @@ def test_auto_attention_uses_the_kernel_only_for_head_dims_it_takes(monkeypatch)
         True,
     ]
     assert ops.compiled_supports(8, "tpu") and not ops.compiled_supports(64, "cpu")
-    for backend, expected in [("gpu", ["reference", "pallas"]), ("cpu", ["reference"] * 2)]:
+    for backend, expected in [("gpu", ["reference", "pallas"]), ("cpu", [on_cpu] * 2)]:
         monkeypatch.setattr(jax, "default_backend", lambda backend=backend: backend)
         assert [resolve_impl("auto", d) for d in (8, 64)] == expected
         assert resolve_impl("pallas", 8) == "pallas"  # an explicit choice is kept

@@ -1,4 +1,5 @@
 """Few-row products on the CPU: a small C++ kernel (XLA FFI) over weights packed in panels.
+(The same library holds the attention over the KV cache read in place: `cache_attention`.)
 
 `panel_product(x, layer, panels, out)` computes x [..., I] times layer `layer`'s weight, where
 each weight w [O, I] is stored packed as [P, I, 32] (P = ceil(O / 32); `pack`, `unpack`). The
@@ -39,7 +40,8 @@ from specjax.paths import cache_dir
 
 PANEL = 32  # output lanes per panel (panel_product.cc's kPanel)
 TARGET = "specjax_panel_product"
-SOURCE = Path(__file__).with_name("panel_product.cc")
+ATTENTION_TARGET = "specjax_cache_attention"
+SOURCES = tuple(sorted(Path(__file__).parent.glob("*.cc")))  # compiled into one library
 ENV_SWITCH = "SPECJAX_CPU_PANELS"
 
 _state: dict = {}  # "ok": bool once decided; "why": the reason it is off
@@ -61,10 +63,16 @@ def _library_path(compiler: str) -> Path:
         [compiler, "--version"], capture_output=True, text=True, check=False
     ).stdout.splitlines()[:1]
     key = "\n".join(
-        [SOURCE.read_text(), jax.__version__, platform.machine(), _cpu_flags(), *version]
+        [
+            *(source.read_text() for source in SOURCES),
+            jax.__version__,
+            platform.machine(),
+            _cpu_flags(),
+            *version,
+        ]
     )
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    return cache_dir() / "kernels" / f"panel_product-{digest}.so"
+    return cache_dir() / "kernels" / f"cpu_kernels-{digest}.so"
 
 
 def _build(library: Path, compiler: str) -> None:
@@ -75,7 +83,7 @@ def _build(library: Path, compiler: str) -> None:
         partial = Path(tmp.name)
     cmd = [
         compiler, "-O3", "-march=native", "-std=c++17", "-fPIC", "-shared", "-w",
-        f"-I{jax.ffi.include_dir()}", str(SOURCE), "-o", str(partial),
+        f"-I{jax.ffi.include_dir()}", *map(str, SOURCES), "-o", str(partial),
     ]  # fmt: skip
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, check=False)
@@ -97,10 +105,13 @@ def _load() -> None:
         raise RuntimeError("no C++ compiler found (install g++ or set CXX)")
     library = _library_path(compiler)
     if not library.exists():
-        print("specjax: compiling the CPU panel kernel (once per machine)", file=sys.stderr)
+        print("specjax: compiling the CPU kernels (once per machine)", file=sys.stderr)
         _build(library, compiler)
     lib = ctypes.cdll.LoadLibrary(str(library))
     jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(lib.SpecjaxPanelProduct), platform="cpu")
+    jax.ffi.register_ffi_target(
+        ATTENTION_TARGET, jax.ffi.pycapsule(lib.SpecjaxCacheAttention), platform="cpu"
+    )
 
 
 def available() -> bool:

@@ -18,8 +18,9 @@ from flax import nnx
 
 from specjax.attention import (
     AttentionImpl,
-    attend,
+    attend_cache,
     block_visibility,
+    cpu_kernel_ok,
     resolve_impl,
 )
 from specjax.cache import KVCache
@@ -312,7 +313,8 @@ class Llama(nnx.Module):
         out_in = self.layers.out_in
         # Which cache positions each block token sees: built once per call, not once per layer.
         visible = None
-        if resolve_impl(attn_impl, cfg.head_dim) == "reference":
+        impl = resolve_impl(attn_impl, cfg.head_dim)
+        if impl in ("reference", "cpu") and not cpu_kernel_ok(impl, x.shape[1], cache.k.dtype):
             visible = block_visibility(cache.lengths, tree_mask, cache.max_len)
 
         def body(carry, layer):
@@ -336,9 +338,9 @@ class Llama(nnx.Module):
             )
             k_all = write_layer_block(k_all, layer, k, cache.lengths)
             v_all = write_layer_block(v_all, layer, v, cache.lengths)
-            k_layer = jax.lax.dynamic_index_in_dim(k_all, layer, 0, keepdims=False)
-            v_layer = jax.lax.dynamic_index_in_dim(v_all, layer, 0, keepdims=False)
-            attn = attend(q, k_layer, v_layer, cache.lengths, tree_mask, attn_impl, visible=visible)
+            attn = attend_cache(
+                q, k_all, v_all, layer, cache.lengths, tree_mask, impl, visible=visible
+            )
             return (finish_layer(p, x, attn, cfg, out_in), k_all, v_all), None
 
         # Scan segment by segment so the requested hidden states fall on segment boundaries.
