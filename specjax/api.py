@@ -12,7 +12,7 @@ import numpy as np
 from specjax import adaptation, pre_verifier_local
 from specjax.acceptance import mode_of
 from specjax.cache import tree_reserve
-from specjax.choice import resolve_auto
+from specjax.choice import call_context, resolve_auto
 from specjax.config import AutoSpecConfig, SamplingConfig, SpecConfig
 from specjax.decode import GenerateOutput, check_eos, check_sampling, generate, prepare_prompts
 from specjax.hispec import HiSpec, hispec_generate
@@ -185,11 +185,10 @@ def _choose_config(target, drafter, prompts, auto, sampling, max_new_tokens, eos
     ids = _check_call(target, drafter, prompts, sampling, max_new_tokens, eos_id, extra)
     room = target.config.max_seq_len - ids.shape[1] - max_new_tokens - 1
     rows = [np.asarray(r) for r in prompts] if isinstance(prompts, list) else list(np.asarray(ids))
-    # Costs are taken at about the cache length the call decodes in (specjax.choice.cost_context).
+    # Costs are taken at about the context the call decodes in (specjax.choice.call_context).
     # It depends on the padded prompt width, not on each prompt's length: calls compiled alike
     # share one choice.
-    call_context = ids.shape[1] + max_new_tokens
     return resolve_auto(
         target, drafter, rows, auto=auto, sampling=sampling, eos_id=eos_id, room=room,
-        call_context=call_context,
+        call_context=call_context(target, ids.shape[1], max_new_tokens, auto.attn_impl),
     )  # fmt: skip

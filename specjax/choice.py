@@ -373,11 +373,10 @@ def find_profiles(
 
 
 def cost_context(target, auto: AutoSpecConfig, call_context: float | None = None) -> int:
-    """The context costs are measured at: auto.context, else the call's cache length
-    (call_context; default MIN_COST_CONTEXT) rounded to the nearest power of two (in log scale),
-    at least MIN_COST_CONTEXT; less where the model's max_seq_len leaves no room for the largest
-    tree after it. Why the cache length: attention on a CPU (the reference kernel) runs over the
-    whole static cache, masked, so a step costs what its cache length makes it cost."""
+    """The context costs are measured at: auto.context, else the call's context (call_context,
+    see call_context(); default MIN_COST_CONTEXT) rounded to the nearest power of two (in log
+    scale), at least MIN_COST_CONTEXT; less where the model's max_seq_len leaves no room for the
+    largest tree after it."""
     from specjax.autotune import AR_TOKENS
 
     context = auto.context
@@ -386,6 +385,19 @@ def cost_context(target, auto: AutoSpecConfig, call_context: float | None = None
         context = 2 ** round(np.log2(wanted))
     largest = max(auto.max_nodes, AR_TOKENS)
     return max(1, min(context, target.config.max_seq_len - largest - 16))
+
+
+def call_context(target, prompt_width: int, max_new_tokens: int, attn_impl: str = "auto") -> int:
+    """The context at which a call's steps cost what they cost on average: with the CPU attention
+    kernel, which reads only the committed positions, the call's mean context (the padded prompt
+    width plus half the new tokens); with the other implementations, which attend over the whole
+    static cache, masked, its cache length (prompt width plus max_new_tokens)."""
+    from specjax.attention import cpu_kernel_ok, resolve_impl
+
+    impl = resolve_impl(attn_impl, target.config.head_dim)
+    if cpu_kernel_ok(impl, 1, target.config.dtype):
+        return prompt_width + max_new_tokens // 2
+    return prompt_width + max_new_tokens
 
 
 def _family(tree: TreeConfig):
@@ -450,7 +462,7 @@ def resolve_auto(
 ) -> Choice:
     """Choose the config for a call (speculative_generate with SpecConfig.auto()). room: the
     cache slots past the prompt and the new tokens (trees that need more are skipped);
-    call_context: the call's cache length (see cost_context)."""
+    call_context: the call's context (see call_context())."""
     batch = len(prompts)
     mode = mode_of(sampling)
     context = cost_context(target, auto, call_context)

@@ -101,7 +101,7 @@ def write_markdown(
         "(min-max). predicted: the tau and speedup SpecConfig.auto() predicted for the tree "
         "it chose (draft nodes: that tree, dynamic(budget,depth,top-k) or branching(...); "
         "trees joined by / and the predictions averaged over prompts where calls of different "
-        "cache lengths chose differently); "
+        "contexts chose differently); "
         "draft nodes N -> m: a pre-verifier chose per step, budget N, mean draft nodes "
         "verified m. "
         "vs HF generate / vs HF spec: the same paired throughput ratio against "

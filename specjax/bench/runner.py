@@ -120,7 +120,7 @@ class SpecjaxRunner(Runner):
 
         if self.drafter is not None and self.method.auto:
             # A default call may choose another tree for another prompt (its cost context
-            # depends on the prompt's cache length, specjax.choice.cost_context; an adapting
+            # depends on the prompt width, specjax.choice.call_context; an adapting
             # one also learns from the prompts before, see replays_shifts): each is warmed, so
             # that no timed run compiles one (bench_t1.md once timed a compile in the first
             # repetition of an auto-tree row).
@@ -216,8 +216,8 @@ def _add_padded(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def _combined_choice(stats: list[dict]) -> dict | None:
     """SpecConfig.auto()'s choice over a prompt set: the trees chosen (in order of first use;
-    the choice can differ between prompts whose calls have different cache lengths, see
-    specjax.choice.cost_context) and the mean predicted tau and speedup over the prompts."""
+    the choice can differ between prompts whose calls have different contexts, see
+    specjax.choice.call_context) and the mean predicted tau and speedup over the prompts."""
     if not stats:
         return None
     trees = list(dict.fromkeys(str(s["tree"]) for s in stats))

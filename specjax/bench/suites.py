@@ -70,17 +70,17 @@ def run_suites(
         )  # fmt: skip
         if costs is not None:
             from specjax.autotune import verify_costs
-            from specjax.choice import cost_context, verify_grid
+            from specjax.choice import call_context, cost_context, verify_grid
             from specjax.config import AutoSpecConfig
             from specjax.decode import PROMPT_BUCKET
 
-            # The cache length of a typical call of the first set (what the default call
-            # measured its costs at, see cost_context), from its median prompt.
+            # The context of a typical call of the first set (what the default call measured
+            # its costs at, see call_context), from its median prompt.
             first = prompt_sets[0]
             lengths = sorted(len(p.ids) for p in first.prompts)
             width = -(-lengths[len(lengths) // 2] // PROMPT_BUCKET) * PROMPT_BUCKET
-            call_context = width + first.max_new_tokens
-            context = cost_context(target.model, AutoSpecConfig(), call_context)
+            typical = call_context(target.model, width, first.max_new_tokens)
+            context = cost_context(target.model, AutoSpecConfig(), typical)
             grid = verify_grid(1, AutoSpecConfig().max_nodes)  # the default call's node counts
             costs[f"{suite.name} (context {context})"] = verify_costs(
                 target.model, context=context, nodes=grid, skip_stairs=True
