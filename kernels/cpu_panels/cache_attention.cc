@@ -32,83 +32,161 @@ typedef float vec_u __attribute__((vector_size(64), aligned(4)));
 inline vec load(const float* p) { return *reinterpret_cast<const vec_u*>(p); }
 inline void store(float* p, vec x) { *reinterpret_cast<vec_u*>(p) = x; }
 
-// q . k over d floats, in a fixed order (16-float lanes summed in lane order, then the rest).
-inline float dot(const float* __restrict q, const float* __restrict k, int64_t d) {
-  int64_t i = 0;
-  float total = 0.f;
-  if (d >= 16) {
-    vec acc = load(q) * load(k);
-    for (i = 16; i + 16 <= d; i += 16) acc += load(q + i) * load(k + i);
-    float lanes[16];
-    store(lanes, acc);
-    for (int l = 0; l < 16; ++l) total += lanes[l];
-  }
-  for (; i < d; ++i) total += q[i] * k[i];
-  return total;
-}
-
-// acc[0, d) += w * v[0, d)
-inline void axpy(float* __restrict acc, float w, const float* __restrict v, int64_t d) {
-  int64_t i = 0;
-  for (; i + 16 <= d; i += 16) store(acc + i, load(acc + i) + load(v + i) * w);
-  for (; i < d; ++i) acc[i] += v[i] * w;
-}
-
 struct Shapes {
   int64_t b, n, h, d;  // queries [B, N, H, D]
   int64_t s, kh;       // cache [L, B, S, K, D]
 };
 
-// One (row, kv head): the G = H / K query heads sharing that kv head, for every block token.
+// exp of 16 floats lane by lane (Cephes' single-precision expf, ~1 ulp); lanes below -87.3
+// (weights under float's normal range, and -inf) give 0.
+inline vec exp16(vec x) {
+  typedef int32_t ivec __attribute__((vector_size(64)));
+  const ivec tiny = x < -87.3f;
+  x = tiny ? (vec){} - 87.3f : x;
+  const vec fx = x * 1.44269504088896341f + 0.5f;
+  vec t = __builtin_convertvector(__builtin_convertvector(fx, ivec), vec);
+  t = t > fx ? t - 1.f : t;  // floor
+  x = x - t * 0.693359375f;
+  x = x - t * -2.12194440e-4f;
+  const vec z = x * x;
+  vec y = (vec){} + 1.9875691500e-4f;
+  y = y * x + 1.3981999507e-3f;
+  y = y * x + 8.3334519073e-3f;
+  y = y * x + 4.1665795894e-2f;
+  y = y * x + 1.6666665459e-1f;
+  y = y * x + 5.0000001201e-1f;
+  y = y * z + x + 1.f;
+  const ivec bits = (__builtin_convertvector(t, ivec) + 127) << 23;
+  y = y * reinterpret_cast<const vec&>(bits);
+  return tiny ? (vec){} : y;
+}
+
+constexpr int64_t kLanes = 16;   // keys scored at once (one vector)
+constexpr int64_t kQueries = 4;  // queries scored, and summed, at once
+
+// out[r] = sum_j w[r, j] v_j / total[r] for every query r (d = C * 16), Q queries per pass over
+// the values with their sums held in registers; each sum runs over the keys in order.
+template <int C>
+void weighted_values(const float* w, int64_t width, int64_t keys, const float* v0,
+                     int64_t key_stride, const float* totals, const Shapes& sh, int64_t row,
+                     int64_t kv, float* out) {
+  constexpr int Q = C <= 4 ? 4 : 2;
+  const int64_t g_count = sh.h / sh.kh, n = sh.n, queries = n * g_count, d = C * kLanes;
+  for (int64_t r0 = 0; r0 < queries; r0 += Q) {
+    const int64_t count = queries - r0 < Q ? queries - r0 : Q;
+    vec acc[Q][C] = {};
+    if (count == Q) {
+      for (int64_t j = 0; j < keys; ++j) {
+        const float* vj = v0 + j * key_stride;
+        vec vv[C];
+#pragma GCC unroll 8
+        for (int c = 0; c < C; ++c) vv[c] = load(vj + c * kLanes);
+#pragma GCC unroll 4
+        for (int a = 0; a < Q; ++a) {
+          const float wj = w[(r0 + a) * width + j];
+#pragma GCC unroll 8
+          for (int c = 0; c < C; ++c) acc[a][c] += vv[c] * wj;
+        }
+      }
+    } else {
+      for (int64_t j = 0; j < keys; ++j) {
+        const float* vj = v0 + j * key_stride;
+        for (int64_t a = 0; a < count; ++a) {
+          const float wj = w[(r0 + a) * width + j];
+#pragma GCC unroll 8
+          for (int c = 0; c < C; ++c) acc[a][c] += load(vj + c * kLanes) * wj;
+        }
+      }
+    }
+    for (int64_t a = 0; a < count; ++a) {
+      const int64_t r = r0 + a;
+      float* o = out + ((row * n + r / g_count) * sh.h + kv * g_count + r % g_count) * d;
+      const float inv = totals[r] > 0.f ? 1.f / totals[r] : 0.f;
+      for (int c = 0; c < C; ++c) store(o + c * kLanes, acc[a][c] * inv);
+    }
+  }
+}
+
+// One (row, kv head): the G = H / K query heads sharing that kv head, for every block token
+// (queries r = t * G + g). Keys are the committed positions [0, length) then the block's
+// [length, length + block); scores are taken 16 keys at a time from a transposed tile of
+// keys, one lane per key (so a score does not depend on the tile it falls in), and every
+// weighted sum runs over the keys in position order, masked keys adding exact zeros.
 void attend_group(const Shapes& sh, const float* q, const float* k, const float* v,
                   int64_t length, const bool* mask, int64_t row, int64_t kv, float* out) {
-  const int64_t g_count = sh.h / sh.kh, d = sh.d, n = sh.n;
+  const int64_t g_count = sh.h / sh.kh, d = sh.d, n = sh.n, queries = n * g_count;
   const float scale = 1.f / std::sqrt(static_cast<float>(d));
   const int64_t key_stride = sh.kh * d;  // between consecutive positions of one kv head
   const float* k0 = k + kv * d;
   const float* v0 = v + kv * d;
   // Block slots past the cache's end hold no key (the engine's reserve keeps the block inside).
   const int64_t block = length + n <= sh.s ? n : (sh.s > length ? sh.s - length : 0);
-  std::vector<float> scores(length + block);
-  std::vector<float> acc(d);
-  for (int64_t t = 0; t < n; ++t) {
-    const bool* visible = mask + (row * n + t) * n;
-    for (int64_t g = 0; g < g_count; ++g) {
-      const int64_t head = kv * g_count + g;
-      const float* qv = q + ((row * n + t) * sh.h + head) * d;
-      float top = -INFINITY;
-      for (int64_t j = 0; j < length; ++j) {
-        const float s = dot(qv, k0 + j * key_stride, d) * scale;
-        scores[j] = s;
-        top = s > top ? s : top;
+  const int64_t keys = length + block, width = (keys + kLanes - 1) / kLanes * kLanes;
+  std::vector<float> scores(queries * width), tile(d * kLanes);
+  std::vector<const float*> qs(queries);
+  for (int64_t r = 0; r < queries; ++r)
+    qs[r] = q + ((row * n + r / g_count) * sh.h + kv * g_count + r % g_count) * d;
+  for (int64_t j0 = 0; j0 < keys; j0 += kLanes) {
+    const int64_t count = keys - j0 < kLanes ? keys - j0 : kLanes;
+    for (int64_t l = 0; l < kLanes; ++l)
+      for (int64_t i = 0; i < d; ++i)
+        tile[i * kLanes + l] = l < count ? k0[(j0 + l) * key_stride + i] : 0.f;
+    int64_t r = 0;
+    for (; r + kQueries <= queries; r += kQueries) {
+      vec acc[kQueries] = {};
+      for (int64_t i = 0; i < d; ++i) {
+        const vec key = load(tile.data() + i * kLanes);
+#pragma GCC unroll 4
+        for (int64_t a = 0; a < kQueries; ++a) acc[a] += key * qs[r + a][i];
       }
-      for (int64_t m = 0; m < block; ++m) {
-        if (!visible[m]) continue;
-        const float s = dot(qv, k0 + (length + m) * key_stride, d) * scale;
-        scores[length + m] = s;
-        top = s > top ? s : top;
-      }
-      float* o = out + ((row * n + t) * sh.h + head) * d;
-      if (top == -INFINITY) {  // nothing visible (not reached by the engine): zeros
-        for (int64_t i = 0; i < d; ++i) o[i] = 0.f;
-        continue;
-      }
-      for (int64_t i = 0; i < d; ++i) acc[i] = 0.f;
-      float total = 0.f;
-      for (int64_t j = 0; j < length; ++j) {
-        const float w = std::exp(scores[j] - top);
-        total += w;
-        axpy(acc.data(), w, v0 + j * key_stride, d);
-      }
-      for (int64_t m = 0; m < block; ++m) {
-        if (!visible[m]) continue;
-        const float w = std::exp(scores[length + m] - top);
-        total += w;
-        axpy(acc.data(), w, v0 + (length + m) * key_stride, d);
-      }
-      const float inv = 1.f / total;
-      for (int64_t i = 0; i < d; ++i) o[i] = acc[i] * inv;
+      for (int64_t a = 0; a < kQueries; ++a) store(&scores[(r + a) * width + j0], acc[a] * scale);
     }
+    for (; r < queries; ++r) {
+      vec acc = {};
+      for (int64_t i = 0; i < d; ++i) acc += load(tile.data() + i * kLanes) * qs[r][i];
+      store(&scores[r * width + j0], acc * scale);
+    }
+  }
+  std::vector<float> totals(queries);
+  for (int64_t r = 0; r < queries; ++r) {
+    float* s = &scores[r * width];
+    const bool* visible = mask + (row * n + r / g_count) * n;
+    for (int64_t m = 0; m < block; ++m)
+      if (!visible[m]) s[length + m] = -INFINITY;
+    for (int64_t j = keys; j < width; ++j) s[j] = -INFINITY;
+    float top = -INFINITY;
+    for (int64_t j = 0; j < keys; ++j) top = s[j] > top ? s[j] : top;
+    if (top == -INFINITY) top = 0.f;  // nothing visible (not reached by the engine): zeros
+    for (int64_t j = 0; j < width; j += kLanes) store(s + j, exp16(load(s + j) - top));
+    float total = 0.f;
+    for (int64_t j = 0; j < keys; ++j) total += s[j];
+    totals[r] = total;
+  }
+  // out = sum_j w_j v_j / total, the keys in order.
+  if (d % kLanes == 0 && d <= 8 * kLanes) {
+    switch (d / kLanes) {
+      case 1: weighted_values<1>(scores.data(), width, keys, v0, key_stride, totals.data(), sh, row, kv, out); break;
+      case 2: weighted_values<2>(scores.data(), width, keys, v0, key_stride, totals.data(), sh, row, kv, out); break;
+      case 3: weighted_values<3>(scores.data(), width, keys, v0, key_stride, totals.data(), sh, row, kv, out); break;
+      case 4: weighted_values<4>(scores.data(), width, keys, v0, key_stride, totals.data(), sh, row, kv, out); break;
+      case 5: weighted_values<5>(scores.data(), width, keys, v0, key_stride, totals.data(), sh, row, kv, out); break;
+      case 6: weighted_values<6>(scores.data(), width, keys, v0, key_stride, totals.data(), sh, row, kv, out); break;
+      case 7: weighted_values<7>(scores.data(), width, keys, v0, key_stride, totals.data(), sh, row, kv, out); break;
+      default: weighted_values<8>(scores.data(), width, keys, v0, key_stride, totals.data(), sh, row, kv, out); break;
+    }
+    return;
+  }
+  std::vector<float> acc(d);
+  for (int64_t r = 0; r < queries; ++r) {
+    for (int64_t i = 0; i < d; ++i) acc[i] = 0.f;
+    for (int64_t j = 0; j < keys; ++j) {
+      const float w = scores[r * width + j];
+      const float* vj = v0 + j * key_stride;
+      for (int64_t i = 0; i < d; ++i) acc[i] += vj[i] * w;
+    }
+    float* o = out + ((row * n + r / g_count) * sh.h + kv * g_count + r % g_count) * d;
+    const float inv = totals[r] > 0.f ? 1.f / totals[r] : 0.f;
+    for (int64_t i = 0; i < d; ++i) o[i] = acc[i] * inv;
   }
 }
 
