@@ -112,6 +112,24 @@ class AcceptanceProfile:
             expected += reach
         return expected
 
+    def scaled_tau(self, tree: TreeConfig, shift: float) -> float:
+        """self.scaled(shift).predict_tau(tree), the same float, computed for this one tree:
+        specjax.adaptation weighs a few trees at dozens of shifts per call, and scaling the
+        whole profile each time cost ~70 ms a call."""
+        if shift == 1.0 or not self.covers(tree):
+            return self.scaled(shift).predict_tau(tree)
+        if self.kind == "dynamic":
+            col, below, total = tree.num_nodes - 1, 1.0, 1.0
+            for k, row in enumerate(self.tau_table[: tree.max_depth], start=1):
+                total = total + (float(row[col]) - below) * shift**k
+                below = float(row[col])
+            return float(min(max(total, 1.0), tree.max_depth + 1.0))
+        expected, reach = 1.0, 1.0
+        for d, b in enumerate(tree.branching):
+            reach *= min(sum(min(a * shift, 1.0) for a in self.rank_accept[d][:b]), 1.0)
+            expected += reach
+        return expected
+
     def scaled(self, shift: float) -> AcceptanceProfile:
         """This profile for prompts on which every depth's acceptance (given the parent's) is
         `shift` times what calibration measured, so P(at least k draft tokens accepted) scales by

@@ -75,7 +75,7 @@ def key_of(target, drafter, mode: str) -> tuple:
 def predicted_tau(profiles: Sequence[AcceptanceProfile], tree: TreeConfig, shift: float) -> float:
     """tau of `tree` under the profiles scaled by shift: the best profile covering it (as
     specjax.choice.rank weighs each profile's candidates)."""
-    return max(p.scaled(shift).predict_tau(tree) for p in profiles if p.covers(tree))
+    return max(p.scaled_tau(tree, shift) for p in profiles if p.covers(tree))
 
 
 def speculative_counts(stats: dict) -> tuple[float, float]:

@@ -61,6 +61,18 @@ def test_scaled_dynamic_table_scales_each_level_and_stays_in_range():
         assert s.predict_tau(tree) <= p.predict_tau(tree) + 1e-12
 
 
+def test_scaled_tau_of_one_tree_is_the_scaled_profiles_prediction():
+    """The fit's shortcut (scaled_tau) gives the very float the scaled profile predicts, for
+    static and dynamic trees, shifts below, at and above 1 (acceptances capped, tau clipped)."""
+    static, dynamic = chain_profile(), dynamic_profile()
+    trees = [(static, TreeConfig.chain(k)) for k in (1, 2, 3)] + [
+        (dynamic, TreeConfig.dynamic(n, d, 2)) for d in (1, 2) for n in (1, 2, 3, 4)
+    ]
+    for shift in (0.3, 0.55, 0.9, 1.0, 1.2, 2.0, 5.0):
+        for profile, tree in trees:
+            assert profile.scaled_tau(tree, shift) == profile.scaled(shift).predict_tau(tree)
+
+
 def observed(profile, tree, shift, steps):
     tau = profile.scaled(shift).predict_tau(tree)
     return adaptation.Observation((profile,), tree, steps, steps * tau)
