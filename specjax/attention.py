@@ -30,9 +30,9 @@ from specjax.sharding import DATA, active_mesh, kv_heads_axis
 
 AttentionImpl = Literal["auto", "reference", "cpu", "pallas", "interpret"]
 ATTENTION_IMPLS = ("auto", "reference", "cpu", "pallas", "interpret")
-# Query blocks wider than this (prefill) go through XLA's batched products even with "cpu": the
-# kernel computes one query at a time, which pays for a block of tree nodes over a long cache,
-# not for a prompt's causal block over itself.
+# Query blocks wider than this (prompts being prefilled) keep XLA's batched products even with
+# "cpu": the kernel is written for a few queries over a long context, and a prefill runs once a
+# call.
 CPU_KERNEL_MAX_QUERIES = 64
 CPU_ATTENTION_SWITCH = "SPECJAX_CPU_ATTENTION"  # "0": keep XLA's attention on CPU
 
@@ -104,7 +104,7 @@ def _cpu_kernel_builds() -> bool:
 def _cpu_kernel_why() -> str:
     from specjax.kernels import cpu_panels
 
-    return cpu_panels._state.get("why") or f"{CPU_ATTENTION_SWITCH}=0"
+    return cpu_panels.why_unavailable() or f"{CPU_ATTENTION_SWITCH}=0"
 
 
 def cpu_kernel_ok(impl: str, n_queries: int, dtype) -> bool:

@@ -130,6 +130,11 @@ def available() -> bool:
     return _state["ok"]
 
 
+def why_unavailable() -> str:
+    """Why the kernels are off here ("" when they run, or before available() was asked)."""
+    return _state.get("why", "")
+
+
 def _traced(w) -> bool:
     return isinstance(w, jax.core.Tracer) or not isinstance(w, (jax.Array, np.ndarray))
 
