@@ -3,10 +3,11 @@
 A decoding or verification block of N queries attends over one layer of the KV cache at a
 context of C committed positions, in a cache of S static slots; 30 layers in a jitted loop, as a
 forward runs them (the cache read, not written: in the target's layer scan, which writes it,
-XLA also copies each layer's slice out). XLA's attention ("reference": the layer's slice out of the whole cache, all S
-slots computed, masked) costs what S makes it cost; the kernel ("cpu") reads the layer in place
-and only the C + N visible positions. Cache sizes: S = C + 40 (a cache barely larger than the
-context) and S = 2 C + 64 (a call halfway through generating as many tokens as its prompt held).
+XLA also copies each layer's slice out). XLA's attention ("reference": the layer's slice out
+of the whole cache, all S slots computed, masked) costs what S makes it cost; the kernel
+("cpu") reads the layer in place and only the C + N visible positions. Cache sizes: S = C + 40
+(a cache barely larger than the context) and S = 2 C + 64 (a call halfway through generating as
+many tokens as its prompt held).
 
     python experiments/cpu_attention.py [--out experiments/results/cpu_attention.md]
 """
