@@ -13,6 +13,8 @@ import jax
 import jax.numpy as jnp
 from specjax.kernels.cpu_panels import ATTENTION_TARGET
 
+from specjax.attention_reference import reference_attention
+
 
 def cache_attention(q, k_all, v_all, layer, lengths, tree_mask):
     """q [B, N, H, D] over layer `layer` of k_all / v_all [L, B, S, K, D] (float32), lengths [B],
@@ -41,8 +43,6 @@ def _attention_fwd(q, k_all, v_all, layer, lengths, tree_mask):
 
 
 def _attention_bwd(residuals, g):
-    from specjax.attention import reference_attention
-
     q, k_all, v_all, layer, lengths, tree_mask = residuals
     k_layer = jax.lax.dynamic_index_in_dim(k_all, layer, 0, keepdims=False)
     v_layer = jax.lax.dynamic_index_in_dim(v_all, layer, 0, keepdims=False)
