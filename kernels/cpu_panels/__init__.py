@@ -124,7 +124,7 @@ def available() -> bool:
             _state["ok"], _state["why"] = False, str(err)
             if os.environ.get(ENV_SWITCH, "1") != "0":
                 warnings.warn(
-                    f"specjax: the CPU panel kernel is off ({err}); using XLA's products",
+                    f"specjax: the CPU kernels are off ({err}); using XLA's products and attention",
                     stacklevel=2,
                 )
     return _state["ok"]
