@@ -5,6 +5,7 @@ measurement and calibration modules that drive it."""
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import jax.numpy as jnp
 import numpy as np
@@ -12,7 +13,7 @@ import numpy as np
 from specjax import adaptation, pre_verifier_local
 from specjax.acceptance import mode_of
 from specjax.cache import tree_reserve
-from specjax.choice import call_context, resolve_auto
+from specjax.choice import call_context, call_prefill_seconds, resolve_auto
 from specjax.config import AutoSpecConfig, SamplingConfig, SpecConfig
 from specjax.decode import GenerateOutput, check_eos, check_sampling, generate, prepare_prompts
 from specjax.hispec import HiSpec, hispec_generate
@@ -46,9 +47,11 @@ def speculative_generate(
 
     config: SpecConfig.auto() (the default) chooses the draft tree for this backend, target,
     drafter and batch (specjax.choice; the first call measures costs and may calibrate, both kept
-    on disk) and adds stats tree (its label), predicted_tau, predicted_speedup and
-    acceptance_shift (how this process's earlier calls rescaled the drafter's acceptance
-    profile: specjax.adaptation); an explicit SpecConfig is used as given.
+    on disk) and adds stats tree (its label), predicted_tau, predicted_speedup (of the whole
+    call: its prefill, measured once per machine, and its own choosing included; see
+    Choice.predicted_speedup), predicted_step_speedup (of the decoding steps alone),
+    prefill_s, choose_s and acceptance_shift (how this process's earlier calls rescaled the
+    drafter's acceptance profile: specjax.adaptation); an explicit SpecConfig is used as given.
 
     drafter may also be a specjax.hispec.HiSpec (load_drafter of an exit-heads directory): the
     three-level HiSpec loop runs with the settings of its checkpoint, or with an explicit
@@ -61,10 +64,16 @@ def speculative_generate(
         _localize_pre_verifier(target, drafter, prompts, config, **kwargs)
         return speculative_decode(target, drafter, prompts, config=config, verifier=verifier,
                                   **kwargs)  # fmt: skip
-    choice = _choose_config(target, drafter, prompts, config, sampling, max_new_tokens, eos_id)
+    started = time.perf_counter()
+    choice, width = _choose_config(
+        target, drafter, prompts, config, sampling, max_new_tokens, eos_id
+    )
     prune = None
     if choice.config is not None and sampling.greedy and verifier is None:
         choice, prune = _with_pre_verifier(target, drafter, choice)
+    prefill_s = call_prefill_seconds(target, len(prompts), width, verbose=config.verbose)
+    choice = choice.for_call(new_tokens=max_new_tokens, prefill_seconds=prefill_s,
+                             overhead_seconds=time.perf_counter() - started)  # fmt: skip
     # The profiles predict the whole tree verified by the full target: a pruned tree's tau or
     # another verifier's says nothing about them.
     adapting = config.adapt is True and verifier is None and not choice.config_prunes
@@ -180,7 +189,8 @@ def _check_call(target, drafter, prompts, sampling, max_new_tokens, eos_id, extr
 
 
 def _choose_config(target, drafter, prompts, auto, sampling, max_new_tokens, eos_id):
-    """Validate what needs no tree, then choose the tree (specjax.choice.resolve_auto)."""
+    """Validate what needs no tree, then choose the tree (specjax.choice.resolve_auto).
+    Returns (the choice, the padded prompt width)."""
     extra = tree_reserve(1, 1)
     ids = _check_call(target, drafter, prompts, sampling, max_new_tokens, eos_id, extra)
     room = target.config.max_seq_len - ids.shape[1] - max_new_tokens - 1
@@ -188,7 +198,8 @@ def _choose_config(target, drafter, prompts, auto, sampling, max_new_tokens, eos
     # Costs are taken at about the context the call decodes in (specjax.choice.call_context).
     # It depends on the padded prompt width, not on each prompt's length: calls compiled alike
     # share one choice.
-    return resolve_auto(
+    choice = resolve_auto(
         target, drafter, rows, auto=auto, sampling=sampling, eos_id=eos_id, room=room,
         call_context=call_context(target, ids.shape[1], max_new_tokens, auto.attn_impl),
     )  # fmt: skip
+    return choice, ids.shape[1]

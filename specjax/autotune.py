@@ -327,7 +327,7 @@ def plain_decoding_step(target, *, batch: int, context: int):
     from specjax.decode import decode_step, prepare_keys, prepare_prompts, start_decoding
 
     graphdef, params = nnx.split(target)
-    ids, lens = prepare_prompts(_context_prompts(target, batch, context), target.config, AR_TOKENS)
+    ids, lens = prepare_prompts(filler_prompts(target, batch, context), target.config, AR_TOKENS)
     keys = prepare_keys(None, batch)
     options = dict(max_new_tokens=AR_TOKENS, sampling=SamplingConfig(), attn_impl="auto",
                    record_hidden=False)  # fmt: skip
@@ -602,7 +602,7 @@ class DraftCosts:
         return cls(**kw)
 
 
-def _context_prompts(target, batch: int, context: int) -> np.ndarray:
+def filler_prompts(target, batch: int, context: int) -> np.ndarray:
     """Deterministic filler prompts of `context` tokens, the same in every row (costs do not
     depend on the ids)."""
     vocab = target.config.vocab_size
@@ -622,7 +622,7 @@ def _prefill_stand_in(target, drafter, tree, config, *, batch, context):
     from specjax.verifiers import FullVerifier
 
     ids, lens = prepare_prompts(
-        _context_prompts(target, batch, context), target.config, COST_NEW_TOKENS,
+        filler_prompts(target, batch, context), target.config, COST_NEW_TOKENS,
         extra_slots=tree_reserve(tree.num_nodes, tree.max_depth),
     )  # fmt: skip
     ids, lens = jnp.asarray(ids), jnp.asarray(lens)

@@ -42,6 +42,7 @@ from specjax.autotune import (
 )
 from specjax.cache import tree_reserve
 from specjax.config import AutoSpecConfig, SamplingConfig, SpecConfig, TreeConfig
+from specjax.prefill_costs import prefill_seconds
 
 # Probe trees of calibration runs: every candidate lies within one.
 STATIC_PROBE = TreeConfig(branching=(4, 2, 1, 1, 1, 1, 1, 1))  # 61 nodes
@@ -85,7 +86,8 @@ class Choice:
     config None: autoregressive decoding (no tree was predicted to be faster).
     acceptance_shift: the factor the profiles were scaled by (specjax.adaptation); profiles:
     the profiles as calibrated (what a call's outcome is recorded against); context: the
-    context the costs were measured at (cost_context; None when not from resolve_auto)."""
+    context the costs were measured at (cost_context; None when not from resolve_auto);
+    new_tokens, prefill_seconds, overhead_seconds: the call it was made for (for_call)."""
 
     config: SpecConfig | None
     predicted_tau: float
@@ -95,10 +97,33 @@ class Choice:
     acceptance_shift: float = 1.0
     profiles: tuple = dataclasses.field(default=(), compare=False, repr=False)
     context: int | None = None
+    new_tokens: int = 0  # 0: not made for a call, predictions are per decoding step
+    prefill_seconds: float = 0.0
+    overhead_seconds: float = 0.0
+
+    @property
+    def step_speedup(self) -> float:
+        """Predicted tokens per second of the decoding steps over plain decoding's: what trees
+        are ranked by."""
+        return self.predicted_tau * self.ar_seconds_per_token / self.seconds_per_step
 
     @property
     def predicted_speedup(self) -> float:
-        return self.predicted_tau * self.ar_seconds_per_token / self.seconds_per_step
+        """The call's predicted speedup over plain decoding of the same call (for_call): the
+        prefill and new_tokens plain tokens against the prefill, the call's own choosing and
+        new_tokens / tau steps. Compilation is in neither; a call that measured costs or
+        calibrated has that time in its choosing. Without a call, step_speedup."""
+        if self.new_tokens == 0:
+            return self.step_speedup
+        plain = self.prefill_seconds + self.new_tokens * self.ar_seconds_per_token
+        steps = self.new_tokens / self.predicted_tau * self.seconds_per_step
+        return plain / (self.prefill_seconds + self.overhead_seconds + steps)
+
+    def for_call(self, *, new_tokens: int, prefill_seconds: float, overhead_seconds: float):
+        """This choice's predictions for a call of new_tokens tokens per row whose prefill takes
+        prefill_seconds (specjax.prefill_costs) and whose choosing took overhead_seconds."""
+        return dataclasses.replace(self, new_tokens=new_tokens, prefill_seconds=prefill_seconds,
+                                   overhead_seconds=overhead_seconds)  # fmt: skip
 
     @property
     def config_prunes(self) -> bool:
@@ -130,6 +155,9 @@ class Choice:
             "tree": self.tree_label(),
             "predicted_tau": self.predicted_tau,
             "predicted_speedup": self.predicted_speedup,
+            "predicted_step_speedup": self.step_speedup,
+            "prefill_s": self.prefill_seconds,
+            "choose_s": self.overhead_seconds,
             "break_even_tau": self.break_even_tau,
             "acceptance_shift": self.acceptance_shift,
         }
@@ -148,8 +176,8 @@ class Choice:
             )
         return (
             f"tree {self.tree_label()} ({self.config.tree.num_nodes} nodes): predicted tau "
-            f"{self.predicted_tau:.2f}, predicted speedup {self.predicted_speedup:.2f}x "
-            f"over autoregressive decoding ({self.candidates} trees weighed{shifted})"
+            f"{self.predicted_tau:.2f}, predicted speedup {self.step_speedup:.2f}x per decoded "
+            f"token over autoregressive decoding ({self.candidates} trees weighed{shifted})"
         )
 
 
@@ -385,6 +413,12 @@ def cost_context(target, auto: AutoSpecConfig, call_context: float | None = None
         context = 2 ** round(np.log2(wanted))
     largest = max(auto.max_nodes, AR_TOKENS)
     return max(1, min(context, target.config.max_seq_len - largest - 16))
+
+
+def call_prefill_seconds(target, batch: int, width: int, *, verbose: bool) -> float:
+    """The prefill's seconds for a call of `batch` prompts padded to `width` tokens
+    (specjax.prefill_costs: measured once per machine, with a progress line when verbose)."""
+    return prefill_seconds(target, batch=batch, width=width, progress=_say if verbose else None)
 
 
 def call_context(target, prompt_width: int, max_new_tokens: int, attn_impl: str = "auto") -> int:

@@ -207,12 +207,22 @@ class SpeculativeLoop:
         step, or a plain decoding step once speculation has stopped (SpecConfig.fallback_tau)."""
         if self.config.fallback_tau is None:
             return self.traced_step(s)[0]
+        return jax.lax.cond(jnp.all(s.plain), self.plain_step, self.speculative_step, s)
 
-        def speculative(s):
-            new = self.traced_step(s)[0]
-            return new.replace(plain=self.falls_back(new))
+    def speculative_step(self, s: SpecState) -> SpecState:
+        """A speculative step, then whether the batch falls back (SpecConfig.fallback_tau)."""
+        new = self.traced_step(s)[0]
+        return new.replace(plain=self.falls_back(new))
 
-        return jax.lax.cond(jnp.all(s.plain), self.plain_step, speculative, s)
+    def run_while(self, going, s: SpecState) -> SpecState:
+        """Steps while going(s) [scalar bool]: the same steps as a while_loop of `step`, but
+        with a fallback as two loops (speculative steps until the batch falls back, then plain
+        ones) instead of a lax.cond in one loop's body, whose branches each carry the whole
+        state (the caches) through the loop: measured on a 2-core CPU, see NOTES.md."""
+        if self.config.fallback_tau is None:
+            return jax.lax.while_loop(going, self.step, s)
+        s = jax.lax.while_loop(lambda s: going(s) & ~jnp.all(s.plain), self.speculative_step, s)
+        return jax.lax.while_loop(going, self.plain_step, s)
 
     def falls_back(self, s: SpecState) -> jax.Array:
         """[B] whether speculation stops now (the same value in every row): after at least
@@ -449,7 +459,7 @@ def _steps_until_done(loop: SpeculativeLoop, state: SpecState, *, compact: bool)
     compact = compact and loop.max_new_tokens >= SPECULATIVE_PHASE_TOKENS
     phases = row_phases(b, compact, max_phases=SPECULATIVE_PHASES)
     if len(phases) == 1:
-        return jax.lax.while_loop(lambda s: ~jnp.all(s.done), loop.step, state)
+        return loop.run_while(lambda s: ~jnp.all(s.done), state)
     rows = jnp.arange(b, dtype=jnp.int32)
     report = without_caches(state)
     for i, size in enumerate(phases):
@@ -462,7 +472,7 @@ def _steps_until_done(loop: SpeculativeLoop, state: SpecState, *, compact: bool)
         def going(s: SpecState, smaller=smaller):
             return ~jnp.all(s.done) & (jnp.sum(~s.done) > smaller)
 
-        state = jax.lax.while_loop(going, loop.step, state)
+        state = loop.run_while(going, state)
     return put_rows(report, without_caches(state), rows, b)
 
 

@@ -8,6 +8,9 @@ from specjax.acceptance import AcceptanceProfile, ProfileRecorder, write_profile
 from specjax.autotune import DraftCosts, VerifyCosts
 from specjax.choice import anchor_grid, best_tau, cost_context, pair_profile_file, verify_grid
 from specjax.config import TreeConfig
+from specjax.prefill_costs import keep_prefill_seconds
+
+PREFILL_S = 0.5  # every kept prefill (keep_costs)
 
 # Static probe (2, 1): root -> nodes 1, 2 (ranks 0, 1) -> node 3 under 1, node 4 under 2.
 STATIC_PARENTS = [-1, 0, 0, 1, 2]
@@ -24,7 +27,8 @@ def static_profile() -> AcceptanceProfile:
 
 def keep_costs(cache, target, drafter, auto) -> None:
     """Write static_profile() as the (target, drafter) pair's greedy profile and flat costs
-    (every forward 1 s, 0.01 s a draft depth) for batch 2 into the cache folder."""
+    (every forward 1 s, 0.01 s a draft depth, PREFILL_S a prefill of up to 64 tokens) for batch
+    2 into the cache folder."""
     context = cost_context(target, auto)
     write_profiles(pair_profile_file(target, drafter, "greedy"), [static_profile()])
     # The grid the call asks for first (the powers of two, with the stop rule it passes: twice
@@ -42,3 +46,5 @@ def keep_costs(cache, target, drafter, auto) -> None:
         path = autotune._cache_file(costs.key, cache, what)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(costs.to_json()))
+    for width in (16, 32, 64):
+        keep_prefill_seconds(target, batch=2, width=width, seconds=PREFILL_S)

@@ -312,7 +312,7 @@ def test_plain_decoding_step_is_generates_state_at_a_fixed_context(tiny_target):
 
     body, params, state = autotune.plain_decoding_step(tiny_target, batch=2, context=16)
     ids, lens = prepare_prompts(
-        autotune._context_prompts(tiny_target, 2, 16), TINY, autotune.AR_TOKENS
+        autotune.filler_prompts(tiny_target, 2, 16), TINY, autotune.AR_TOKENS
     )
     real, _ = start_decoding(
         tiny_target, jax.numpy.asarray(ids), jax.numpy.asarray(lens), prepare_keys(None, 2),
@@ -363,7 +363,7 @@ def test_step_timing_state_stands_in_for_a_real_prefill(tiny_target):
     config = SpecConfig(tree=TreeConfig(branching=(2, 1)), pre_verify=False)
     body, params, state = autotune._step_body(tiny_target, drafter, config, batch=2, context=16)
     real = SteppedRun(
-        tiny_target, drafter, autotune._context_prompts(tiny_target, 2, 16),
+        tiny_target, drafter, autotune.filler_prompts(tiny_target, 2, 16),
         max_new_tokens=autotune.COST_NEW_TOKENS, config=config, sampling=SamplingConfig(),
     ).state  # fmt: skip
     shapes = jax.tree.map(lambda x: (x.shape, x.dtype), state)

@@ -9,7 +9,7 @@ import math
 import chex
 import numpy as np
 import pytest
-from auto_checks import keep_costs, static_profile
+from auto_checks import PREFILL_S, keep_costs, static_profile
 from flax import nnx
 
 import specjax
@@ -323,7 +323,13 @@ def test_default_call_reads_kept_costs_and_profiles(tmp_path, monkeypatch):
     assert out.stats["tree"] == "branching(1,1)"
     tau = 1 + 0.5 + 0.5 * 2 / 3
     assert out.stats["predicted_tau"] == pytest.approx(tau, abs=1e-3)
-    assert out.stats["predicted_speedup"] == pytest.approx(tau / 1.02, abs=1e-3)
+    assert out.stats["predicted_step_speedup"] == pytest.approx(tau / 1.02, abs=1e-3)
+    # The whole call: the kept prefill and 12 plain tokens against the prefill, this call's
+    # choosing and 12 / tau steps.
+    choose_s = out.stats["choose_s"]
+    assert out.stats["prefill_s"] == PREFILL_S and 0 < choose_s < 60
+    call = (PREFILL_S + 12 * 1.0) / (PREFILL_S + choose_s + 12 / tau * 1.02)
+    assert out.stats["predicted_speedup"] == pytest.approx(call, rel=1e-3)
     # The call falls back to plain steps below the tree's break-even tau, step over token cost;
     # this pair stays above it.
     assert out.stats["break_even_tau"] == pytest.approx(1.02, abs=1e-6)
