@@ -272,3 +272,57 @@ def test_sharding_a_packed_model_unpacks_it():
     shard_model(loaded, specjax.make_mesh(data=1, model=1))
     assert not loaded.layers.out_in and not loaded.layers.panels and loaded.head_panels is None
     assert_same_forward(canonical, loaded)
+
+
+def test_bfloat16_panels_give_the_float32_products_bit_for_bit():
+    """Weights whose values are bfloat16 (a drafter's checkpoint) packed in bfloat16 give the
+    products of the same weights packed in float32, bit for bit, at every row count; pack_exact
+    packs them so, and other weights in float32."""
+    ws = [w.astype(jnp.bfloat16).astype(np.float32) for w in _weights(70, 150, layers=2)]
+    half = tuple(cpu_panels.pack(w, jnp.bfloat16) for w in ws)
+    full = tuple(cpu_panels.pack(w) for w in ws)
+    assert half[0].dtype == jnp.bfloat16 and full[0].dtype == jnp.float32
+    np.testing.assert_array_equal(cpu_panels.unpack(half[1], 70), ws[1])
+    assert cpu_panels.unpack(half[1], 70).dtype == np.float32
+    for rows in (1, 3, 8, 9, 33):
+        x = np.random.default_rng(rows).standard_normal((rows, 150)).astype(np.float32)
+        for layer in range(2):
+            a = cpu_panels.panel_product(x, layer, half, 70)
+            b = cpu_panels.panel_product(x, layer, full, 70)
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert cpu_panels.pack_exact(ws[0]).dtype == jnp.bfloat16
+    (other,) = _weights(70, 150, layers=1, seed=3)  # float32 values: not exactly bfloat16
+    assert cpu_panels.pack_exact(other).dtype == jnp.float32
+
+
+@pytest.mark.parametrize("kind", ["eagle", "mdc"])
+def test_a_bfloat16_drafter_packs_bfloat16_panels_and_drafts_the_same(kind, monkeypatch):
+    """A feature drafter whose weights are bfloat16 (as load_drafter restores a checkpoint)
+    packs its matrices in bfloat16 and drafts exactly what the same drafter packed in float32
+    does: the same accepted counts at every step, and greedy output equal to plain decoding."""
+    from specjax.drafters import EagleDrafter, HiddenStateDrafter
+    from specjax.models.drafter import DrafterConfig, DrafterNet
+
+    canonical, packed = _panel_model(3)
+    cfg = DrafterConfig(kind=kind, target=TINY, draft_vocab_size=TINY.vocab_size)
+    net = DrafterNet(cfg, np.arange(TINY.vocab_size), rngs=nnx.Rngs(5), target=canonical)
+    params = nnx.state(net, nnx.Param)
+    nnx.update(net, jax.tree.map(lambda p: p.astype(jnp.bfloat16), params))
+    cls = HiddenStateDrafter if kind == "mdc" else EagleDrafter
+    half = cls(nnx.clone(net), packed)
+    assert half.net.fc[...].dtype == jnp.bfloat16 and half.net.panels
+    with monkeypatch.context() as m:
+        m.setattr(cpu_panels, "pack_exact", cpu_panels.pack)
+        full = cls(nnx.clone(net), packed)
+    assert full.net.fc[...].dtype == jnp.float32
+    prompts = [[1, 2, 3], [7, 8, 9, 10, 11]]
+    config = specjax.SpecConfig(tree=specjax.TreeConfig.dynamic(6, 3, 2))
+    outs = [
+        specjax.speculative_generate(packed, d, prompts, max_new_tokens=20, config=config)
+        for d in (half, full)
+    ]
+    ref = specjax.generate(packed, prompts, max_new_tokens=20)
+    np.testing.assert_array_equal(np.asarray(outs[0].tokens), np.asarray(ref.tokens))
+    np.testing.assert_array_equal(
+        np.asarray(outs[0].stats["accepted_hist"]), np.asarray(outs[1].stats["accepted_hist"])
+    )

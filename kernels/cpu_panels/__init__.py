@@ -139,25 +139,38 @@ def _traced(w) -> bool:
     return isinstance(w, jax.core.Tracer) or not isinstance(w, (jax.Array, np.ndarray))
 
 
-def pack(w) -> jax.Array:
-    """w [O, I] float32 -> panels [P, I, 32] (zero rows past O), a buffer of its own (packed on
-    the host where w is concrete, traced otherwise, e.g. under nnx.eval_shape)."""
+def pack(w, dtype=jnp.float32) -> jax.Array:
+    """w [O, I] -> panels [P, I, 32] of `dtype` (float32 or bfloat16; zero rows past O), a
+    buffer of its own (packed on the host where w is concrete, traced otherwise, e.g. under
+    nnx.eval_shape)."""
     out, inner = w.shape
     count = -(-out // PANEL)
     if _traced(w):
-        padded = jnp.pad(w.astype(jnp.float32), ((0, count * PANEL - out), (0, 0)))
+        padded = jnp.pad(w.astype(dtype), ((0, count * PANEL - out), (0, 0)))
         return padded.reshape(count, PANEL, inner).transpose(0, 2, 1)
-    padded = np.zeros((count * PANEL, inner), np.float32)
-    padded[:out] = np.asarray(w, np.float32)
+    padded = np.zeros((count * PANEL, inner), dtype)
+    padded[:out] = np.asarray(w).astype(dtype)
     return jnp.asarray(np.ascontiguousarray(padded.reshape(count, PANEL, inner).transpose(0, 2, 1)))
 
 
+def pack_exact(w) -> jax.Array:
+    """pack(w) in bfloat16 where every value of a concrete w is a bfloat16 (a drafter's weights,
+    stored in bfloat16: the kernel's products are then the same, bit for bit, for half the bytes
+    read), else in float32."""
+    if not _traced(w):
+        host = np.asarray(w, np.float32)
+        if np.array_equal(host.astype(jnp.bfloat16).astype(np.float32), host):
+            return pack(host, jnp.bfloat16)
+    return pack(w)
+
+
 def unpack(panels, out: int):
-    """panels [P, I, 32] -> w [out, I] (a host array where panels is concrete)."""
+    """panels [P, I, 32] -> w [out, I] float32 (a host array where panels is concrete)."""
     count, inner, _ = panels.shape
     if _traced(panels):
-        return panels.transpose(0, 2, 1).reshape(count * PANEL, inner)[:out]
-    p = np.asarray(panels)
+        w = panels.transpose(0, 2, 1).reshape(count * PANEL, inner)[:out]
+        return w.astype(jnp.float32)
+    p = np.asarray(panels).astype(np.float32)
     return np.ascontiguousarray(p.transpose(0, 2, 1).reshape(count * PANEL, inner)[:out])
 
 
@@ -167,7 +180,8 @@ def value_at(panels, o: int, i: int) -> float:
 
 
 def panel_product(x: jax.Array, layer, panels: tuple, out: int) -> jax.Array:
-    """x [..., I] float32 times weight `layer` of `panels` (each [P, I, 32]) -> [..., out].
+    """x [..., I] float32 times weight `layer` of `panels` (each [P, I, 32], float32 or
+    bfloat16; products and sums in float32) -> [..., out].
 
     Differentiable in x and in the panels (a packed net still trains: the gradient of a
     packed weight is the packed gradient of the weight)."""
@@ -191,7 +205,7 @@ def _product_bwd(out, residuals, g):
     weight = jax.lax.switch(layer, [lambda p=p: unpack(p, out) for p in panels])  # [out, I]
     grad_w = pack(jnp.einsum("...o,...i->oi", g, x))  # packing is linear
     grad_panels = tuple(
-        jnp.where(layer == k, grad_w, jnp.zeros_like(p)) for k, p in enumerate(panels)
+        jnp.where(layer == k, grad_w, 0.0).astype(p.dtype) for k, p in enumerate(panels)
     )
     return g @ weight, None, grad_panels
 

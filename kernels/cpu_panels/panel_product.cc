@@ -1,6 +1,6 @@
 // y[n, o] = sum_i x[n, i] * w[o, i] for the rows n of a small block (a verification block of
 // tree nodes, one decoding token, a prefill chunk), with w packed in panels [P, I, 32]
-// (w[o, i] at [o / 32, i, o % 32]; rows past O are zero).
+// (w[o, i] at [o / 32, i, o % 32]; rows past O are zero), float32 or bfloat16.
 //
 // Why a kernel of our own: XLA:CPU runs a product of a few rows through a matrix-matrix routine
 // that packs the weight on every call, which costs ~2x the one-row product at 2-8 rows, while a
@@ -30,12 +30,22 @@ constexpr int64_t kBlock = 64;  // inputs summed before a partial sum joins the 
 
 typedef float vec __attribute__((vector_size(64)));
 typedef float vec_u __attribute__((vector_size(64), aligned(4)));
+typedef uint16_t half_vec_u __attribute__((vector_size(32), aligned(2)));
+typedef uint32_t wide_vec __attribute__((vector_size(64)));
 
 inline vec load(const float* p) { return *reinterpret_cast<const vec_u*>(p); }
 
+// 16 bfloat16 weights as floats: a bfloat16 is the top half of the float it stands for, so
+// the products are those of the float32 weights of the same values, bit for bit, for half the
+// bytes read (drafter weights stored in bfloat16: a product of a few rows is bound by them).
+inline vec load(const uint16_t* p) {
+  const wide_vec wide = __builtin_convertvector(*reinterpret_cast<const half_vec_u*>(p), wide_vec);
+  return reinterpret_cast<vec>(wide << 16);
+}
+
 // Rows [0, G) of x [G, in] times one panel wp [in, 32] -> y[g * ld_y + j], j < valid.
-template <int G>
-inline void panel_rows(const float* __restrict x, const float* __restrict wp, int64_t in,
+template <int G, typename W>
+inline void panel_rows(const float* __restrict x, const W* __restrict wp, int64_t in,
                        int64_t ld_y, int64_t valid, float* __restrict y) {
   vec lo[G], hi[G];
 #pragma GCC unroll 8
@@ -69,27 +79,28 @@ inline void panel_rows(const float* __restrict x, const float* __restrict wp, in
 }
 
 // Panels [p0, p1) for every row of x [n, in] -> y [n, out].
-void panels(const float* x, const float* w, float* y, int64_t n, int64_t in, int64_t out,
+template <typename W>
+void panels(const float* x, const W* w, float* y, int64_t n, int64_t in, int64_t out,
             int64_t p0, int64_t p1) {
   for (int64_t p = p0; p < p1; ++p) {
-    const float* wp = w + p * in * kPanel;
+    const W* wp = w + p * in * kPanel;
     const int64_t o = p * kPanel;
     const int64_t valid = out - o < kPanel ? out - o : kPanel;
     int64_t g = 0;
     for (; g + kRows <= n; g += kRows)
-      panel_rows<kRows>(x + g * in, wp, in, out, valid, y + g * out + o);
+      panel_rows<kRows, W>(x + g * in, wp, in, out, valid, y + g * out + o);
     const float* xg = x + g * in;
     float* yg = y + g * out + o;
     switch (n - g) {
 #if defined(__AVX512F__)
-      case 7: panel_rows<7>(xg, wp, in, out, valid, yg); break;
-      case 6: panel_rows<6>(xg, wp, in, out, valid, yg); break;
-      case 5: panel_rows<5>(xg, wp, in, out, valid, yg); break;
-      case 4: panel_rows<4>(xg, wp, in, out, valid, yg); break;
+      case 7: panel_rows<7, W>(xg, wp, in, out, valid, yg); break;
+      case 6: panel_rows<6, W>(xg, wp, in, out, valid, yg); break;
+      case 5: panel_rows<5, W>(xg, wp, in, out, valid, yg); break;
+      case 4: panel_rows<4, W>(xg, wp, in, out, valid, yg); break;
 #endif
-      case 3: panel_rows<3>(xg, wp, in, out, valid, yg); break;
-      case 2: panel_rows<2>(xg, wp, in, out, valid, yg); break;
-      case 1: panel_rows<1>(xg, wp, in, out, valid, yg); break;
+      case 3: panel_rows<3, W>(xg, wp, in, out, valid, yg); break;
+      case 2: panel_rows<2, W>(xg, wp, in, out, valid, yg); break;
+      case 1: panel_rows<1, W>(xg, wp, in, out, valid, yg); break;
       default: break;
     }
   }
@@ -107,8 +118,11 @@ ffi::Error PanelProductImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
   const int64_t index = layer.typed_data()[0];
   if (index < 0 || index >= count)
     return ffi::Error::InvalidArgument("panel_product: layer index out of range");
-  auto w = weights.get<ffi::Buffer<ffi::F32>>(index);
+  auto w = weights.get<ffi::AnyBuffer>(index);
   if (w.has_error()) return w.error();
+  const ffi::DataType type = w->element_type();
+  if (type != ffi::DataType::F32 && type != ffi::DataType::BF16)
+    return ffi::Error::InvalidArgument("panel_product: weights must be float32 or bfloat16");
   auto wd = w->dimensions();
   if (wd.size() != 3 || wd[2] != kPanel)
     return ffi::Error::InvalidArgument("panel_product: weights must be [P, I, 32]");
@@ -122,8 +136,15 @@ ffi::Error PanelProductImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
   const int64_t n = x.element_count() / in;
   if (n == 0) return ffi::Error::Success();
   const float* xp = x.typed_data();
-  const float* wp = w->typed_data();
+  const void* wp = w->untyped_data();
+  const bool bf16 = type == ffi::DataType::BF16;
   float* yp = y->typed_data();
+  auto run_panels = [=](int64_t p0, int64_t p1) {
+    if (bf16)
+      panels(xp, static_cast<const uint16_t*>(wp), yp, n, in, out, p0, p1);
+    else
+      panels(xp, static_cast<const float*>(wp), yp, n, in, out, p0, p1);
+  };
 
   int64_t parts = 1;
   if (n >= kSplitRows) {
@@ -131,7 +152,7 @@ ffi::Error PanelProductImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
     parts = threads < np ? threads : np;
   }
   if (parts <= 1) {
-    panels(xp, wp, yp, n, in, out, 0, np);
+    run_panels(0, np);
     return ffi::Error::Success();
   }
   // The panels are cut into chunks that whichever thread comes first takes: this one and the
@@ -147,7 +168,7 @@ ffi::Error PanelProductImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
   auto run = [=]() {
     for (int64_t c; (c = work->next.fetch_add(1)) < chunks;) {
       const int64_t p0 = c * per, p1 = p0 + per < np ? p0 + per : np;
-      if (p0 < p1) panels(xp, wp, yp, n, in, out, p0, p1);
+      if (p0 < p1) run_panels(p0, p1);
       work->done.fetch_add(1, std::memory_order_release);
     }
   };

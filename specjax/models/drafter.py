@@ -358,16 +358,18 @@ class DrafterNet(nnx.Module):
         canonically [in, out], in place: the forward is the same function of the weights either
         way (specjax.models.layers.dense); checkpoints stay canonical (canonical_params).
         panels (with out_in): packed for the CPU kernel (specjax.kernels.cpu_panels), as the
-        layers of a target with packed matrices are."""
+        layers of a target with packed matrices are; in bfloat16 where the weights are
+        bfloat16 values (a loaded checkpoint's: cpu_panels.pack_exact), the same products for
+        half the bytes a drafting level reads."""
         if panels and not out_in:
             raise ValueError("the panel layout packs [out, in] matrices: it needs out_in=True")
         for layers in (self.layers, getattr(self, "chain_layers", None)):
             if layers is not None:
-                layers.set_layout(out_in, panels)
+                layers.set_layout(out_in, panels, bf16_where_exact=True)
         if (out_in, panels) != (self.out_in, self.panels):
             canonical = {name: self._canonical_matrix(name) for name in self.matrix_names()}
             for name, w in canonical.items():
-                stored = cpu_panels.pack(w.T) if panels else (w.T if out_in else w)
+                stored = cpu_panels.pack_exact(w.T) if panels else (w.T if out_in else w)
                 getattr(self, name).set_value(stored)
             self.out_in, self.panels = out_in, panels
 

@@ -200,18 +200,21 @@ class Layers(nnx.Module):
             return [cpu_panels.unpack(p[...], dict(self.matrix_out)[name]) for p in stored]
         return [p[...] for p in stored]
 
-    def set_layout(self, out_in: bool, panels: bool = False) -> None:
-        """Store the matrices in the given layout (in place); panels needs out_in."""
+    def set_layout(self, out_in: bool, panels: bool = False, bf16_where_exact=False) -> None:
+        """Store the matrices in the given layout (in place); panels needs out_in.
+        bf16_where_exact: panels of matrices whose values are all bfloat16 are packed in
+        bfloat16 (cpu_panels.pack_exact: the same products; a drafter's stored weights)."""
         if panels and not out_in:
             raise ValueError("the panel layout packs [out, in] matrices: it needs out_in=True")
         if (out_in, panels) == (self.out_in, self.panels):
             return
+        pack = cpu_panels.pack_exact if bf16_where_exact else cpu_panels.pack
         for name in MATRICES:
             if not hasattr(self, name):
                 continue
             matrices = self._out_in_matrices(name)
             if out_in:
-                convert = cpu_panels.pack if panels else _as_array
+                convert = pack if panels else _as_array
                 setattr(self, name, nnx.List([nnx.Param(convert(w)) for w in matrices]))
             else:
                 setattr(self, name, nnx.Param(_stacked(tuple(_transposed(w) for w in matrices))))
