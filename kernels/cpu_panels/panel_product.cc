@@ -106,9 +106,13 @@ void panels(const float* x, const W* w, float* y, int64_t n, int64_t in, int64_t
   }
 }
 
-// Rows at which a product is split over the thread pool: below it one thread reads the weight
-// about as fast as two (the product is bound by memory), and a split only adds a hand-off.
+// When a product is split over the thread pool: from kSplitRows rows, or from kSplitWeights
+// weights whatever the rows. A product of a few rows is bound by reading the weight, and on a
+// 2-core AVX-512 EPYC two threads read SmolLM2's matrices faster than one (plain decoding
+// ~16 -> ~12 ms a token, a forward over 4 nodes ~19.5 -> ~13 ms: NOTES.md, "Fortieth
+// session"); a small weight (stories260K's) is read faster than a hand-off to another thread.
 constexpr int64_t kSplitRows = 8;
+constexpr int64_t kSplitWeights = int64_t{1} << 17;
 
 ffi::Error PanelProductImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
                             ffi::Buffer<ffi::DataType::S32> layer, ffi::RemainingArgs weights,
@@ -147,7 +151,7 @@ ffi::Error PanelProductImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
   };
 
   int64_t parts = 1;
-  if (n >= kSplitRows) {
+  if (n >= kSplitRows || np * in * kPanel >= kSplitWeights) {
     const int64_t threads = pool.num_threads() + 1;  // the pool's and this one
     parts = threads < np ? threads : np;
   }
