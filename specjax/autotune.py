@@ -45,6 +45,7 @@ import numpy as np
 from flax import nnx
 
 from specjax.cache import init_cache, tree_reserve
+from specjax.kernels import cpu_panels
 from specjax.paths import cache_dir
 from specjax.tree import causal_mask
 
@@ -143,14 +144,15 @@ class VerifyCosts:
 
 def _layout_name(layers) -> str:
     if getattr(layers, "panels", False):
-        return "panels"
+        return f"panels-{cpu_panels.source_digest()}"
     return "out_in" if getattr(layers, "out_in", False) else "in_out"
 
 
 def cost_key(target, *, batch: int, context: int) -> str:
     """What a cost measurement depends on: backend, device kind, the target's weights
     (fingerprint), batch, context, dtype and the layers' weight layout (Layers.out_in, and
-    Layers.panels: the CPU kernel's products cost less at a few rows)."""
+    Layers.panels: the CPU kernel's products cost less at a few rows; with the kernel's source
+    digest, since another version of it costs differently)."""
     from specjax.train.checkpoint import target_fingerprint
 
     device = jax.devices()[0]

@@ -58,6 +58,14 @@ def _cpu_flags() -> str:
     return "\n".join(sorted(set(lines)))
 
 
+@functools.cache
+def source_digest() -> str:
+    """A digest of the kernels' source: measured costs of packed models are keyed by it (a
+    changed kernel may cost differently: specjax.autotune.cost_key)."""
+    text = "\n".join(source.read_text() for source in SOURCES)
+    return hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
 def _library_path(compiler: str) -> Path:
     version = subprocess.run(
         [compiler, "--version"], capture_output=True, text=True, check=False
