@@ -48,10 +48,10 @@ def speculative_generate(
     config: SpecConfig.auto() (the default) chooses the draft tree for this backend, target,
     drafter and batch (specjax.choice; the first call measures costs and may calibrate, both kept
     on disk) and adds stats tree (its label), predicted_tau, predicted_speedup (of the whole
-    call: its prefill, measured once per machine, and its own choosing included; see
-    Choice.predicted_speedup), predicted_step_speedup (of the decoding steps alone),
-    prefill_s, choose_s and acceptance_shift (how this process's earlier calls rescaled the
-    drafter's acceptance profile: specjax.adaptation); an explicit SpecConfig is used as given.
+    call, its prefill included: Choice.predicted_speedup), predicted_step_speedup (of the
+    decoding steps alone), prefill_s, choose_s (the seconds this call spent choosing) and
+    acceptance_shift (how this process's earlier calls rescaled the drafter's acceptance
+    profile: specjax.adaptation); an explicit SpecConfig is used as given.
 
     drafter may also be a specjax.hispec.HiSpec (load_drafter of an exit-heads directory): the
     three-level HiSpec loop runs with the settings of its checkpoint, or with an explicit
@@ -73,7 +73,7 @@ def speculative_generate(
         choice, prune = _with_pre_verifier(target, drafter, choice)
     prefill_s = call_prefill_seconds(target, len(prompts), width, verbose=config.verbose)
     choice = choice.for_call(new_tokens=max_new_tokens, prefill_seconds=prefill_s,
-                             overhead_seconds=time.perf_counter() - started)  # fmt: skip
+                             choose_seconds=time.perf_counter() - started)  # fmt: skip
     # The profiles predict the whole tree verified by the full target: a pruned tree's tau or
     # another verifier's says nothing about them.
     adapting = config.adapt is True and verifier is None and not choice.config_prunes

@@ -87,7 +87,7 @@ class Choice:
     acceptance_shift: the factor the profiles were scaled by (specjax.adaptation); profiles:
     the profiles as calibrated (what a call's outcome is recorded against); context: the
     context the costs were measured at (cost_context; None when not from resolve_auto);
-    new_tokens, prefill_seconds, overhead_seconds: the call it was made for (for_call)."""
+    new_tokens, prefill_seconds, choose_seconds: the call it was made for (for_call)."""
 
     config: SpecConfig | None
     predicted_tau: float
@@ -99,7 +99,7 @@ class Choice:
     context: int | None = None
     new_tokens: int = 0  # 0: not made for a call, predictions are per decoding step
     prefill_seconds: float = 0.0
-    overhead_seconds: float = 0.0
+    choose_seconds: float = 0.0
 
     @property
     def step_speedup(self) -> float:
@@ -110,20 +110,21 @@ class Choice:
     @property
     def predicted_speedup(self) -> float:
         """The call's predicted speedup over plain decoding of the same call (for_call): the
-        prefill and new_tokens plain tokens against the prefill, the call's own choosing and
-        new_tokens / tau steps. Compilation is in neither; a call that measured costs or
-        calibrated has that time in its choosing. Without a call, step_speedup."""
+        prefill and new_tokens plain tokens against the prefill and new_tokens / tau steps.
+        Left out: compilation, and the call's own choosing (choose_seconds: ~5 ms a call for
+        SmolLM2 once its costs are kept, but a first call's measurements, seconds, would
+        make the prediction describe that one call). Without a call, step_speedup."""
         if self.new_tokens == 0:
             return self.step_speedup
         plain = self.prefill_seconds + self.new_tokens * self.ar_seconds_per_token
         steps = self.new_tokens / self.predicted_tau * self.seconds_per_step
-        return plain / (self.prefill_seconds + self.overhead_seconds + steps)
+        return plain / (self.prefill_seconds + steps)
 
-    def for_call(self, *, new_tokens: int, prefill_seconds: float, overhead_seconds: float):
+    def for_call(self, *, new_tokens: int, prefill_seconds: float, choose_seconds: float):
         """This choice's predictions for a call of new_tokens tokens per row whose prefill takes
-        prefill_seconds (specjax.prefill_costs) and whose choosing took overhead_seconds."""
+        prefill_seconds (specjax.prefill_costs), and the seconds its choosing took (reported)."""
         return dataclasses.replace(self, new_tokens=new_tokens, prefill_seconds=prefill_seconds,
-                                   overhead_seconds=overhead_seconds)  # fmt: skip
+                                   choose_seconds=choose_seconds)  # fmt: skip
 
     @property
     def config_prunes(self) -> bool:
@@ -157,7 +158,7 @@ class Choice:
             "predicted_speedup": self.predicted_speedup,
             "predicted_step_speedup": self.step_speedup,
             "prefill_s": self.prefill_seconds,
-            "choose_s": self.overhead_seconds,
+            "choose_s": self.choose_seconds,
             "break_even_tau": self.break_even_tau,
             "acceptance_shift": self.acceptance_shift,
         }

@@ -50,23 +50,23 @@ def test_a_width_is_measured_once_with_a_progress_line(tmp_path, monkeypatch):
     assert again == first and len(lines) == 1
 
 
-def test_call_speedup_counts_the_prefill_and_the_choosing():
+def test_call_speedup_counts_the_prefill():
     tree = SpecConfig(tree=TreeConfig.chain(2))
     # tau 2 at 1.5 s a step against 1 s a plain token: 1.33x per decoded token.
     choice = Choice(tree, predicted_tau=2.0, seconds_per_step=1.5, ar_seconds_per_token=1.0,
                     candidates=3)  # fmt: skip
     assert choice.predicted_speedup == pytest.approx(4 / 3)  # no call: the steps alone
-    call = choice.for_call(new_tokens=10, prefill_seconds=1.0, overhead_seconds=0.5)
-    # plain: 1 + 10 x 1; speculative: 1 + 0.5 + 10 / 2 x 1.5
-    assert call.predicted_speedup == pytest.approx(11 / 9)
+    call = choice.for_call(new_tokens=10, prefill_seconds=1.0, choose_seconds=0.5)
+    # plain: 1 + 10 x 1; speculative: 1 + 10 / 2 x 1.5 (the choosing is reported, not predicted)
+    assert call.predicted_speedup == pytest.approx(11 / 8.5)
     assert call.step_speedup == pytest.approx(4 / 3)
     stats = call.stats()
     chex.assert_trees_all_close(
         (stats["predicted_speedup"], stats["predicted_step_speedup"], stats["prefill_s"],
          stats["choose_s"]),
-        (11 / 9, 4 / 3, 1.0, 0.5),
+        (11 / 8.5, 4 / 3, 1.0, 0.5),
     )  # fmt: skip
     plain = Choice(None, 1.0, 1.0, 1.0, candidates=3).for_call(
-        new_tokens=10, prefill_seconds=1.0, overhead_seconds=0.5
+        new_tokens=10, prefill_seconds=1.0, choose_seconds=0.5
     )
-    assert plain.predicted_speedup == pytest.approx(11 / 11.5)  # choosing costs plain calls too
+    assert plain.predicted_speedup == pytest.approx(1.0)
