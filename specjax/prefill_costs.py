@@ -5,9 +5,9 @@ backend and kept on disk, so that SpecConfig.auto() predicts a whole call's spee
 Axis letters: B batch, W padded prompt width.
 
 Why: a call's time is prefill + decoding. The prefill costs the same with or without a draft
-tree, so it pulls a call's speedup towards 1: SmolLM2's prefill of an MT-bench prompt is ~120 ms
-of a ~1.5 s speculative call of 64 new tokens on a 2-core CPU, and leaving it out overstated
-the predicted speedup by ~5%.
+tree, so it pulls a call's speedup towards 1: SmolLM2's prefill of an MT-bench prompt is 50-120
+ms of a 0.6-1.5 s speculative call of 64 new tokens on 2-core CPUs, and leaving it out
+overstated the predicted speedup by ~5-7%.
 
 The prefill of plain decoding (specjax.decode.start_decoding: the target over the padded prompts,
 then the first token) is timed at powers of two of the width, each once per machine (the same

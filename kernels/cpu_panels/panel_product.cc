@@ -109,7 +109,7 @@ void panels(const float* x, const W* w, float* y, int64_t n, int64_t in, int64_t
 // When a product is split over the thread pool: from kSplitRows rows, or from kSplitWeights
 // weights whatever the rows. A product of a few rows is bound by reading the weight, and on a
 // 2-core AVX-512 EPYC two threads read SmolLM2's matrices faster than one (plain decoding
-// ~16 -> ~12 ms a token, a forward over 4 nodes ~19.5 -> ~13 ms: NOTES.md, "Fortieth
+// ~17 -> ~13.5 ms a token, a forward over 4 nodes ~19.7 -> ~14.6 ms: NOTES.md, "Fortieth
 // session"); a small weight (stories260K's) is read faster than a hand-off to another thread.
 constexpr int64_t kSplitRows = 8;
 constexpr int64_t kSplitWeights = int64_t{1} << 17;

@@ -200,7 +200,9 @@ class Layers(nnx.Module):
             return [cpu_panels.unpack(p[...], dict(self.matrix_out)[name]) for p in stored]
         return [p[...] for p in stored]
 
-    def set_layout(self, out_in: bool, panels: bool = False, bf16_where_exact=False) -> None:
+    def set_layout(
+        self, out_in: bool, panels: bool = False, bf16_where_exact: bool = False
+    ) -> None:
         """Store the matrices in the given layout (in place); panels needs out_in.
         bf16_where_exact: panels of matrices whose values are all bfloat16 are packed in
         bfloat16 (cpu_panels.pack_exact: the same products; a drafter's stored weights)."""
