@@ -325,27 +325,57 @@ def plain_decoding_step(target, *, batch: int, context: int):
     no row finishes. Timed in a jitted loop (seconds_per_iteration), this is plain decoding's
     cost per token without its prefill, which at large batches costs more than the tokens timed
     (32 rows x 256 filler tokens)."""
-    from specjax.config import SamplingConfig
-    from specjax.decode import decode_step, prepare_keys, prepare_prompts, start_decoding
+    from specjax.decode import decode_step
 
-    graphdef, params = nnx.split(target)
-    ids, lens = prepare_prompts(filler_prompts(target, batch, context), target.config, AR_TOKENS)
-    keys = prepare_keys(None, batch)
-    options = dict(max_new_tokens=AR_TOKENS, sampling=SamplingConfig(), attn_impl="auto",
-                   record_hidden=False)  # fmt: skip
-    never = jnp.int32(-1)  # no token is the EOS: rows stay live
-
-    def start(params, ids, lens):
-        return start_decoding(nnx.merge(graphdef, params), ids, lens, keys, never, **options)[0]
+    start, params, ids, lens = plain_decoding_start(
+        target, batch=batch, context=context, max_new_tokens=AR_TOKENS
+    )
 
     def body(params, s):
-        new = decode_step(nnx.merge(graphdef, params), s, keys, never, **options)
+        new = decode_step(start.model(params), s, start.keys, start.never, **start.options)
         back = new.cache.replace(lengths=s.cache.lengths)
         return new.replace(step=s.step, done=s.done, cache=back)
 
-    ids, lens = jnp.asarray(ids), jnp.asarray(lens)
     state = _stand_in(jax.eval_shape(start, params, ids, lens), lens)
     return body, params, state.replace(step=jnp.int32(1), rows=jnp.arange(batch, dtype=jnp.int32))
+
+
+@dataclasses.dataclass(frozen=True, eq=False)  # hashed by identity: jax.jit caches on it
+class PlainStart:
+    """specjax.generate's start (prefill and first token) of filler prompts, as a function of
+    (params, ids, lens) -> its decoding state; `model`, `keys`, `never` (no token is the EOS:
+    rows stay live) and `options` are what decode_step needs to continue from it."""
+
+    graphdef: object
+    keys: jax.Array
+    options: dict
+    never: jax.Array = dataclasses.field(default_factory=lambda: jnp.int32(-1))
+
+    def model(self, params):
+        return nnx.merge(self.graphdef, params)
+
+    def __call__(self, params, ids, lens):
+        from specjax.decode import start_decoding
+
+        model = self.model(params)
+        return start_decoding(model, ids, lens, self.keys, self.never, **self.options)[0]
+
+
+def plain_decoding_start(target, *, batch: int, context: int, max_new_tokens: int):
+    """(start, params, ids, lens): a PlainStart of `batch` filler prompts of `context` tokens
+    with room for max_new_tokens, the target's params and the padded prompts [B, T] and
+    lengths [B] to call it with (what plain_decoding_step times a token after, and
+    specjax.prefill_costs times itself)."""
+    from specjax.config import SamplingConfig
+    from specjax.decode import prepare_keys, prepare_prompts
+
+    graphdef, params = nnx.split(target)
+    prompts = filler_prompts(target, batch, context)
+    ids, lens = prepare_prompts(prompts, target.config, max_new_tokens)
+    options = dict(max_new_tokens=max_new_tokens, sampling=SamplingConfig(), attn_impl="auto",
+                   record_hidden=False)  # fmt: skip
+    start = PlainStart(graphdef, prepare_keys(None, batch), options)
+    return start, params, jnp.asarray(ids), jnp.asarray(lens)
 
 
 def _stand_in(shapes, lens):

@@ -23,11 +23,9 @@ import time
 from collections.abc import Callable
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
-from specjax.autotune import cost_key, filler_prompts, keep_record, kept_record
+from specjax.autotune import cost_key, keep_record, kept_record, plain_decoding_start
 
 FORMAT_VERSION = 1
 MIN_WIDTH = 16  # widths are bracketed by powers of two from here
@@ -50,23 +48,10 @@ def bracket(width: int) -> tuple[int, int]:
 def measure_prefill(target, *, batch: int, width: int, reps: int = REPS) -> float:
     """Seconds of specjax.generate's start (prefill of `batch` filler prompts of `width` tokens
     and the first token), compiled once and timed as the median of `reps` calls."""
-    from specjax.config import SamplingConfig
-    from specjax.decode import prepare_keys, prepare_prompts, start_decoding
-
-    graphdef, params = nnx.split(target)
-    ids, lens = prepare_prompts(filler_prompts(target, batch, width), target.config, 2)
-    keys = prepare_keys(None, batch)
-    never = jnp.int32(-1)
-
-    @jax.jit
-    def start(params, ids, lens):
-        model = nnx.merge(graphdef, params)
-        state, _ = start_decoding(model, ids, lens, keys, never, max_new_tokens=2,
-                                  sampling=SamplingConfig(), attn_impl="auto",
-                                  record_hidden=False)  # fmt: skip
-        return state
-
-    ids, lens = jnp.asarray(ids), jnp.asarray(lens)
+    start, params, ids, lens = plain_decoding_start(
+        target, batch=batch, context=width, max_new_tokens=2
+    )
+    start = jax.jit(start)
     jax.block_until_ready(start(params, ids, lens))  # compiles
     seconds = []
     for _ in range(reps):
