@@ -1,12 +1,13 @@
 """Where a drafter training step's time goes, and what the readouts-at-answer-positions change
-and bfloat16 readouts save: the share of batch positions that are padding, prompt and answer, and
+and bfloat16 products save: the share of batch positions that are padding, prompt and answer, and
 the step time with the readouts (LM head over the draft vocabulary) at every position, at the
-scored answer positions only (specjax.train.trainer.scored_positions), and at those positions
-with a bfloat16 LM head (products in bfloat16 with float32 accumulation:
-specjax.models.drafter.readout), timed interleaved on the same batches. For the bfloat16
-readouts it also gives the loss difference on the first batch and the training metrics after the
-timed steps of each variant (each variant trains its own copy from the same start on the same
-batches).
+scored answer positions only (specjax.train.trainer.scored_positions), at those positions with a
+bfloat16 LM head (its products in bfloat16 with float32 accumulation:
+specjax.models.drafter.readout), and with every product of the drafter in bfloat16, forward and
+backward (TrainConfig(products="bfloat16"), specjax.models.precision: pays on CPUs with AMX),
+timed interleaved on the same batches. For the bfloat16 variants it also gives the loss
+difference on the first batch and the training metrics after the timed steps of each variant
+(each variant trains its own copy from the same start on the same batches).
 
     python experiments/train_step_time.py                     # SmolLM2 eagle, the cached features
     python experiments/train_step_time.py --kind mdc --levels 6 --steps 20
@@ -18,6 +19,7 @@ writes experiments/results/train_step_time.md.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -73,12 +75,17 @@ def main(argv=None) -> int:
     optimizer = make_optimizer(tcfg)
     graphdef, params0, rest = nnx.split(net, nnx.Param, ...)
     scale = jnp.float32(feature_scale(data))
-    variants = ("every", "scored", "scored-bf16")
+    variants = ("every", "scored", "scored-bf16", "scored-bf16-all")
     # Each variant trains its own copy (train_step donates its params and optimizer state).
     copies = {v: jax.tree.map(jnp.copy, params0) for v in variants}
     opts = {v: optimizer.init(copies[v]) for v in variants}
     parts_of = {v: parts for v in variants}
     parts_of["scored-bf16"] = parts.replace(head_u=parts.head_u.astype(jnp.bfloat16))
+    # Every product of the drafter (its layer, fusion and readouts, forward and backward) with
+    # bfloat16 operands and float32 accumulation (TrainConfig.products); the teacher's readout
+    # stays float32.
+    cfg_of = {v: tcfg for v in variants}
+    cfg_of["scored-bf16-all"] = dataclasses.replace(tcfg, products="bfloat16")
 
     # Share of positions: the batches training sees (1000 of them).
     stream = batches(data, tcfg.batch, 0)
@@ -104,7 +111,7 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         copies[variant], opts[variant], m = train_step(
             graphdef, copies[variant], rest, opts[variant], parts_of[variant], batch, scale,
-            jax.random.key(0), optimizer=optimizer, cfg=tcfg,
+            jax.random.key(0), optimizer=optimizer, cfg=cfg_of[variant],
         )  # fmt: skip
         jax.block_until_ready(m)
         return time.perf_counter() - t0, {k: float(x) for k, x in m.items()}
@@ -118,7 +125,11 @@ def main(argv=None) -> int:
             times[v].append(seconds)
     med = {v: float(np.median(times[v])) for v in variants}
     every, picked, bf16 = med["every"], med["scored"], med["scored-bf16"]
-    loss_gap = abs(first["scored-bf16"]["loss"] - first["scored"]["loss"]) / first["scored"]["loss"]
+    bf16_all = med["scored-bf16-all"]
+
+    def gap(variant: str) -> float:
+        return abs(first[variant]["loss"] - first["scored"]["loss"]) / first["scored"]["loss"]
+
     lines = [
         "# Drafter training step: where the positions go, and readouts at answer positions",
         "",
@@ -140,13 +151,21 @@ def main(argv=None) -> int:
         "|---|---|---|",
         f"| every position | {every * 1e3:.0f} | 1.00 |",
         f"| answer positions only (scored_positions) | {picked * 1e3:.0f} | {picked / every:.2f} |",
-        f"| answer positions, bfloat16 products | {bf16 * 1e3:.0f} | {bf16 / every:.2f} |",
+        f"| answer positions, bfloat16 readouts | {bf16 * 1e3:.0f} | {bf16 / every:.2f} |",
+        f"| answer positions, every product bfloat16 (products='bfloat16') | "
+        f"{bf16_all * 1e3:.0f} | {bf16_all / every:.2f} |",
         "",
-        f"bfloat16 readouts: first-step loss {first['scored-bf16']['loss']:.4f} against "
-        f"{first['scored']['loss']:.4f} in float32 (relative difference {loss_gap:.1e}); after "
-        f"{args.steps + 1} steps each: loss {last['scored-bf16']['loss']:.4f} against "
-        f"{last['scored']['loss']:.4f}, level-0 agreement {last['scored-bf16']['acc0']:.3f} "
-        f"against {last['scored']['acc0']:.3f}.",
+        *(
+            f"{label}: first-step loss {first[v]['loss']:.4f} against "
+            f"{first['scored']['loss']:.4f} in float32 (relative difference {gap(v):.1e}); after "
+            f"{args.steps + 1} steps each: loss {last[v]['loss']:.4f} against "
+            f"{last['scored']['loss']:.4f}, level-0 agreement {last[v]['acc0']:.3f} "
+            f"against {last['scored']['acc0']:.3f}.\n"
+            for label, v in (
+                ("bfloat16 readouts", "scored-bf16"),
+                ("Every product bfloat16", "scored-bf16-all"),
+            )
+        ),
     ]
     Path(args.out).write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -34,6 +34,17 @@ def primitive_names(jaxpr) -> set[str]:
     return names
 
 
+def dot_operand_dtypes(jaxpr) -> set[str]:
+    """The operand dtypes of every dot_general in the program, nested ones included."""
+    dtypes = set()
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dot_general":
+            dtypes |= {str(v.aval.dtype) for v in eqn.invars}
+        for sub in _subjaxprs(eqn):
+            dtypes |= dot_operand_dtypes(sub)
+    return dtypes
+
+
 def assert_one_loop_no_callbacks(closed_jaxpr) -> None:
     jaxpr = closed_jaxpr.jaxpr
     assert outer_while_loops(jaxpr) == 1, outer_while_loops(jaxpr)

@@ -75,7 +75,7 @@ def test_select_questions_round_robin_over_categories():
 @pytest.mark.parametrize(
     "flags, expected",
     [("fpu avx avx2 avx512f avx512bw", "AMD EPYC (AVX-512)"), ("fpu avx avx2", "AMD EPYC (AVX2)"),
-     ("fpu sse2", "AMD EPYC")],
+     ("fpu sse2", "AMD EPYC"), ("avx2 avx512f amx_tile amx_bf16", "AMD EPYC (AVX-512, AMX)")],
 )  # fmt: skip
 def test_cpu_model_names_the_widest_vector_instructions(tmp_path, flags, expected):
     from specjax.benchmark import cpu_model

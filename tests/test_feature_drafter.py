@@ -629,3 +629,55 @@ def test_a_continuation_on_other_data_keeps_its_draft_vocabulary(tmp_path):
     assert not np.array_equal(own, saved)  # the new data alone would pick other tokens
     np.testing.assert_array_equal(np.asarray(load_drafter_net(second).draft_vocab[...]), saved)
     assert "those of the drafter it continues" in (second / "CARD.md").read_text()
+
+
+def test_bfloat16_products_train_the_same_loss_with_a_float32_teacher(tiny_target, monkeypatch):
+    """TrainConfig(products="bfloat16"): the drafter's products run on bfloat16 operands (the
+    step's program multiplies bfloat16), the loss and its gradient stay close to float32's, and
+    the teacher's readout (the distribution scored against) is still float32."""
+    from jaxpr_checks import dot_operand_dtypes
+
+    from specjax.models import precision
+    from specjax.train import trainer
+    from specjax.train.data import teacher_forced_hidden
+
+    rng = np.random.default_rng(3)
+    tokens = jnp.asarray(rng.integers(1, 16, size=(2, 12)), jnp.int32)
+    graphdef, params = nnx.split(tiny_target)
+    batch = {
+        "tokens": tokens,
+        "feats": teacher_forced_hidden(graphdef, params, tokens),
+        "lengths": jnp.array([12, 10], jnp.int32),
+        "prompt_lens": jnp.array([3, 3], jnp.int32),
+    }
+    drafter = make_drafter("mdc", tiny_target)
+    parts = target_parts(tiny_target, drafter.net.draft_vocab[...])
+    net_def, net_params, rest = nnx.split(drafter.net, nnx.Param, ...)
+    teacher_dtypes = []
+
+    def spy(*args, **kwargs):
+        teacher_dtypes.append(precision.product_dtype())
+        return trainer.readout.__wrapped__(*args, **kwargs)
+
+    spy.__wrapped__ = trainer.readout
+    monkeypatch.setattr(trainer, "readout", spy)
+    results = {}
+    for products in ("float32", "bfloat16"):
+        cfg = TrainConfig(steps=1, levels=2, products=products)
+
+        def loss(p, cfg=cfg):
+            net = nnx.merge(net_def, p, rest)
+            return trainer.drafter_loss(net, parts, batch, cfg, 2.0)[0]
+
+        with precision.products_in(jnp.dtype(products)):  # as train_step does
+            results[products] = jax.value_and_grad(loss)(net_params)
+            dots = dot_operand_dtypes(jax.make_jaxpr(loss)(net_params).jaxpr)
+        assert ("bfloat16" in dots) == (products == "bfloat16"), dots
+    assert teacher_dtypes and all(d is None for d in teacher_dtypes)
+    (l32, g32), (l16, g16) = results["float32"], results["bfloat16"]
+    assert float(l16) != float(l32)
+    np.testing.assert_allclose(float(l16), float(l32), rtol=2e-2)
+    a = np.concatenate([np.ravel(x) for x in jax.tree.leaves(g32)])
+    b = np.concatenate([np.ravel(x) for x in jax.tree.leaves(g16)])
+    cosine = float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+    assert cosine > 0.99, cosine

@@ -57,6 +57,7 @@ from flax import nnx
 
 from specjax.config import ModelConfig
 from specjax.kernels import cpu_panels
+from specjax.models import precision
 from specjax.models.layers import (
     PerLayer,
     dense,
@@ -161,6 +162,8 @@ def readout(x: jax.Array, parts: TargetParts, eps: float) -> jax.Array:
         return cpu_panels.panel_product(normed, 0, (parts.head_panels,), out)
     if parts.head_out_in:
         return jnp.einsum("UM,...M->...U", parts.head_u, normed, preferred_element_type=jnp.float32)
+    if precision.product_dtype() is not None:  # training with bfloat16 products
+        return precision.matmul(normed, parts.head_u)
     return jnp.matmul(normed, parts.head_u, preferred_element_type=jnp.float32)
 
 

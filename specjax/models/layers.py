@@ -38,6 +38,7 @@ import jax.numpy as jnp
 from specjax.attention import AttentionImpl, attend
 from specjax.config import ModelConfig
 from specjax.kernels import cpu_panels
+from specjax.models import precision
 
 
 def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
@@ -139,7 +140,7 @@ def dense(x: jax.Array, w, out_in: bool = False) -> jax.Array:
         out = jax.lax.switch(w.layer, branches, x)
         return jnp.moveaxis(out, 0, -1) if out_in else out
     if not out_in:
-        return x @ w
+        return precision.matmul(x, w)  # bfloat16 products inside precision.products_in
     # A plain array (a feature drafter's matrices) keeps the dot at every row count: written as
     # sums there, the eagle drafter's products made a speculative step slower (SmolLM2, tree
     # (7,3,4): 54 against 64 tokens/s), where the target's per-layer products inside the

@@ -33,6 +33,7 @@ import optax
 from flax import nnx
 from tqdm.auto import tqdm
 
+from specjax.models import precision
 from specjax.models.drafter import (
     DrafterNet,
     TargetParts,
@@ -60,10 +61,17 @@ class TrainConfig:
     clip: float = 1.0
     feature_noise: float = 0.0
     seed: int = 0
+    # The drafter's products: "float32", or "bfloat16" operands with float32 accumulation
+    # (specjax.models.precision), forward and backward; the target's teacher readout stays
+    # float32. Pays where the CPU multiplies bfloat16 fast (AMX): see
+    # experiments/train_step_time.py.
+    products: str = "float32"
 
     def __post_init__(self):
         if self.steps < 1 or self.batch < 1 or self.levels < 1:
             raise ValueError("steps, batch and levels must be >= 1")
+        if self.products not in ("float32", "bfloat16"):
+            raise ValueError(f"products must be 'float32' or 'bfloat16', got {self.products!r}")
 
 
 def smooth_l1(x: jax.Array) -> jax.Array:
@@ -106,7 +114,8 @@ def drafter_loss(
 
         pos = jnp.arange(t)[None, :]
         answer = answer_positions(batch["prompt_lens"], batch["lengths"], t)
-    target_logits = readout(pick(feats), parts, eps)  # [..., U]
+    with precision.products_in(None):  # the teacher's distribution in float32 whatever cfg
+        target_logits = readout(pick(feats), parts, eps)  # [..., U]
     target_p = jax.nn.softmax(target_logits, axis=-1)
     target_top = jnp.argmax(target_logits, axis=-1)
     emb = jnp.take(parts.embed, tokens, axis=0)
@@ -189,7 +198,8 @@ def train_step(
         net = nnx.merge(graphdef, p, rest)
         return drafter_loss(net, parts, batch, cfg, scale, key)
 
-    grads, metrics = jax.grad(loss, has_aux=True)(params)
+    with precision.products_in(jnp.dtype(cfg.products)):
+        grads, metrics = jax.grad(loss, has_aux=True)(params)
     updates, opt = optimizer.update(grads, opt, params)
     return optax.apply_updates(params, updates), opt, metrics
 
