@@ -299,7 +299,8 @@ def test_bfloat16_panels_give_the_float32_products_bit_for_bit():
 def test_a_bfloat16_drafter_packs_bfloat16_panels_and_drafts_the_same(kind, monkeypatch):
     """A feature drafter whose weights are bfloat16 (as load_drafter restores a checkpoint)
     packs its matrices in bfloat16 and drafts exactly what the same drafter packed in float32
-    does: the same accepted counts at every step, and greedy output equal to plain decoding."""
+    does: the same accepted counts at every step, and greedy output equal to plain decoding.
+    (Both keep the readout head in bfloat16: a copy of the target's float32 head.)"""
     from specjax.drafters import EagleDrafter, HiddenStateDrafter
     from specjax.models.drafter import DrafterConfig, DrafterNet
 
@@ -315,6 +316,7 @@ def test_a_bfloat16_drafter_packs_bfloat16_panels_and_drafts_the_same(kind, monk
         m.setattr(cpu_panels, "pack_exact", cpu_panels.pack)
         full = cls(nnx.clone(net), packed)
     assert full.net.fc[...].dtype == jnp.float32
+    assert half.head_panels[...].dtype == full.head_panels[...].dtype == jnp.bfloat16
     prompts = [[1, 2, 3], [7, 8, 9, 10, 11]]
     config = specjax.SpecConfig(tree=specjax.TreeConfig.dynamic(6, 3, 2))
     outs = [
