@@ -276,6 +276,7 @@ def cmd_train_drafter(args) -> int:
     if loaded.tokenizer is None:
         raise ValueError(f"{args.target}: the target needs a tokenizer to write training answers")
     from specjax.models.drafter import DrafterConfig
+    from specjax.models.precision import training_products
 
     fusion = tuple(int(i) for i in args.fusion_layers.split(",")) if args.fusion_layers else ()
     # Checked now, not after the distillation: a bad layer index names itself at once.
@@ -299,6 +300,7 @@ def cmd_train_drafter(args) -> int:
             levels=args.levels,
             lr=args.lr,
             feature_weight=args.feature_weight,
+            products=training_products(args.products),
         ),
         draft_vocab=args.draft_vocab,
         fusion_layers=fusion,
@@ -401,6 +403,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--fusion-layers",
         default="",
         help="lower target layers fused into the drafter's input, e.g. 2,15 (EAGLE-3)",
+    )
+    trn.add_argument(
+        "--products",
+        choices=("auto", "float32", "bfloat16"),
+        default="auto",
+        help="the drafter's products in training: bfloat16 operands with float32 accumulation "
+        "(auto: where the CPU has AMX, ~1.9x faster steps) or float32",
     )
     trn.add_argument("--draft-vocab", type=int, default=8192, help="compressed draft vocabulary")
     trn.add_argument("--temperatures", default="0,0.7,1", help="one answer per prompt for each")

@@ -69,3 +69,17 @@ def test_products_in_applies_while_tracing_and_restores():
 def test_train_config_names_a_bad_products_value():
     with pytest.raises(ValueError, match="products must be"):
         TrainConfig(steps=1, products="float16")
+
+
+def test_training_products_pick_bfloat16_only_on_a_cpu_with_amx(tmp_path, monkeypatch):
+    info = tmp_path / "cpuinfo"
+    info.write_text("model name\t: X\nflags\t\t: avx2 avx512f amx_tile amx_bf16\n")
+    assert precision.has_amx(str(info))
+    info.write_text("model name\t: X\nflags\t\t: avx2 avx512f avx512_bf16\n")
+    assert not precision.has_amx(str(info))
+    assert not precision.has_amx(str(tmp_path / "missing"))
+    for amx, expected in ((True, "bfloat16"), (False, "float32")):
+        monkeypatch.setattr(precision, "has_amx", lambda amx=amx: amx)
+        assert precision.training_products() == expected
+        assert precision.training_products("float32") == "float32"
+        assert precision.training_products("bfloat16") == "bfloat16"

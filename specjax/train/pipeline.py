@@ -223,6 +223,11 @@ def train_drafter(
             f"{summary['steps']} steps x {recipe.train.batch} sequences, {recipe.train.levels} "
             f"unrolled levels, lr {recipe.train.lr}, {summary['answer_tokens_seen']} answer "
             f"tokens seen, {summary['wall_s'] / 60:.1f} min on {jax.default_backend()}"
+            + (
+                ", products in bfloat16 with float32 accumulation"
+                if recipe.train.products == "bfloat16"
+                else ""
+            )
         ),
         "final train metrics": ", ".join(f"{k} {v:.3f}" for k, v in summary["final"].items()),
         "measured tau": _tau_line(greedy["tau"], what),
