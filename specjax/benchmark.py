@@ -17,6 +17,8 @@ from collections.abc import Callable
 import jax
 import numpy as np
 
+from specjax.models.precision import has_amx
+
 
 @dataclasses.dataclass
 class Timing:
@@ -77,7 +79,7 @@ def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str:
         pass
     name = name or platform.processor() or "unknown"
     isa = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else None
-    if isa and "amx_bf16" in flags:
+    if isa and has_amx(cpuinfo):  # the one place that knows AMX's flag
         isa += ", AMX"
     return f"{name} ({isa})" if isa else name
 
