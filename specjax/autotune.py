@@ -44,6 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from specjax import token_choice
 from specjax.cache import init_cache, tree_reserve
 from specjax.kernels import cpu_panels
 from specjax.paths import cache_dir
@@ -252,7 +253,7 @@ def measure_verify_costs(
         tokens = jnp.ones((batch, n), jnp.int32).at[:, 0].set(token)
         positions = cache.lengths[:, None] + jnp.arange(n, dtype=jnp.int32)[None, :]
         out = model(tokens, positions=positions, cache=cache, tree_mask=causal_mask(batch, n))
-        new_token = jnp.argmax(out.logits[:, -1], axis=-1).astype(jnp.int32)
+        new_token = token_choice.argmax(out.logits[:, -1])
         return out.cache.replace(lengths=cache.lengths), new_token
 
     loops, samples = {}, {}  # the first round: compile, size and time each N once

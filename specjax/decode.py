@@ -20,10 +20,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from specjax import token_choice
 from specjax.cache import KVCache, init_cache
 from specjax.config import ModelConfig, SamplingConfig
 from specjax.prefill import prefill
-from specjax.sampling import apply_sampling
+from specjax.sampling import apply_sampling, sample_rows
 from specjax.sharding import (
     active_mesh,
     check_batch,
@@ -153,13 +154,11 @@ def choose_tokens(logits: jax.Array, keys: jax.Array, step, sampling: SamplingCo
     folded with `step` (scalar or [B])."""
     logits = gather_logits(logits)
     if sampling.greedy:
-        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        return token_choice.argmax(logits)
     probs = apply_sampling(logits, sampling)
     step = jnp.broadcast_to(step, keys.shape)
     step_keys = jax.vmap(jax.random.fold_in)(keys, step)
-    return jax.vmap(lambda k, p: jax.random.categorical(k, jnp.log(p)))(step_keys, probs).astype(
-        jnp.int32
-    )
+    return sample_rows(step_keys, probs)
 
 
 COMPACT_MIN_BATCH = 8  # below this a finished row costs too little to be worth a phase

@@ -47,6 +47,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from specjax import token_choice
 from specjax import verify as rules
 from specjax.cache import KVCache
 from specjax.config import SamplingConfig
@@ -256,7 +257,7 @@ class HiSpecLoop:
             cache, h = lower(cache, token, j)
             logits = self.hispec.draft_exit(h)  # [B, V]
             if self.greedy:
-                nxt, q = jnp.argmax(logits, -1).astype(jnp.int32), jnp.zeros((b, 1))
+                nxt, q = token_choice.argmax(logits), jnp.zeros((b, 1))
             else:
                 q = apply_sampling(logits, self.sampling)
                 step_keys = jax.vmap(jax.random.fold_in)(keys, jnp.broadcast_to(j, (b,)))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from specjax import token_choice
 from specjax.config import SamplingConfig
 
 
@@ -26,7 +27,7 @@ def apply_sampling(logits: jax.Array, sampling: SamplingConfig) -> jax.Array:
     logits = logits.astype(jnp.float32)
     v = logits.shape[-1]
     if sampling.greedy:
-        return jax.nn.one_hot(jnp.argmax(logits, axis=-1), v, dtype=jnp.float32)
+        return jax.nn.one_hot(token_choice.argmax(logits), v, dtype=jnp.float32)
     x = logits / jnp.float32(sampling.temperature)
     if 0 < sampling.top_k < v:
         kth = jax.lax.top_k(x, sampling.top_k)[0][..., -1:]
@@ -68,9 +69,9 @@ def residual(p: jax.Array, q: jax.Array) -> jax.Array:
 def sample(key: jax.Array, probs: jax.Array) -> jax.Array:
     """One token per distribution: probs [..., V] -> int32 [...], all from the single `key`.
 
-    Zero-probability tokens are never drawn (log 0 = -inf in the Gumbel-max trick).
+    Zero-probability tokens are never drawn (specjax.token_choice.draw).
     """
-    return jax.random.categorical(key, jnp.log(probs), axis=-1).astype(jnp.int32)
+    return token_choice.draw(key, probs)
 
 
 def sample_rows(keys: jax.Array, probs: jax.Array) -> jax.Array:

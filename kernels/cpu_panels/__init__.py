@@ -1,5 +1,6 @@
 """Few-row products on the CPU: a small C++ kernel (XLA FFI) over weights packed in panels.
-(The same library holds the attention over the KV cache read in place: `cache_attention`.)
+(The same library holds the attention over the KV cache read in place, `cache_attention`, and a
+row's argmax and draw, `row_choice`.)
 
 `panel_product(x, layer, panels, out)` computes x [..., I] times layer `layer`'s weight, where
 each weight w [O, I] is stored packed as [P, I, 32] (P = ceil(O / 32); `pack`, `unpack`). The
@@ -41,6 +42,8 @@ from specjax.paths import cache_dir
 PANEL = 32  # output lanes per panel (panel_product.cc's kPanel)
 TARGET = "specjax_panel_product"
 ATTENTION_TARGET = "specjax_cache_attention"
+ARGMAX_TARGET = "specjax_row_argmax"
+DRAW_TARGET = "specjax_row_draw"
 SOURCES = tuple(sorted(Path(__file__).parent.glob("*.cc")))  # compiled into one library
 ENV_SWITCH = "SPECJAX_CPU_PANELS"
 
@@ -117,9 +120,12 @@ def _load() -> None:
         _build(library, compiler)
     lib = ctypes.cdll.LoadLibrary(str(library))
     jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(lib.SpecjaxPanelProduct), platform="cpu")
-    jax.ffi.register_ffi_target(
-        ATTENTION_TARGET, jax.ffi.pycapsule(lib.SpecjaxCacheAttention), platform="cpu"
-    )
+    for target, symbol in (
+        (ATTENTION_TARGET, lib.SpecjaxCacheAttention),
+        (ARGMAX_TARGET, lib.SpecjaxRowArgmax),
+        (DRAW_TARGET, lib.SpecjaxRowDraw),
+    ):
+        jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(symbol), platform="cpu")
 
 
 def available() -> bool:

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from specjax import token_choice
 from specjax.cache import KVCache, commit_path, init_cache
 from specjax.config import SamplingConfig, SpecConfig, TreeConfig
 from specjax.drafters.base import RootContext
@@ -44,7 +45,7 @@ def choose_children(
     i.i.d. from q (with replacement); otherwise they are the top-c tokens of q (deterministic).
     """
     if sampling.greedy:
-        q = jax.nn.one_hot(jnp.argmax(logits, -1), logits.shape[-1], dtype=jnp.float32)
+        q = jax.nn.one_hot(token_choice.argmax(logits), logits.shape[-1], dtype=jnp.float32)
         # Top-c of the logits so a tree still has distinct candidates under greedy decoding.
         _, tokens = jax.lax.top_k(logits, n_children)
     else:

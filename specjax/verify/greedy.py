@@ -13,6 +13,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from specjax import token_choice
 from specjax.tree import Acceptance, DraftTree, extract_path
 
 
@@ -36,7 +37,7 @@ def verify_greedy(tree: DraftTree, p: jax.Array, key, max_depth: int) -> Accepta
     next_token [B])."""
     del key
     n = tree.num_nodes
-    target_tokens = jnp.argmax(p, axis=-1).astype(jnp.int32)
+    target_tokens = token_choice.argmax(p)
     acc = accepted_nodes(tree, target_tokens, max_depth)
     # Deepest accepted node, lowest index among equals: maximise depth * N - index.
     key = jnp.where(acc, tree.depth * n + (n - 1 - jnp.arange(n)[None, :]), -1)
