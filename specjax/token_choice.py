@@ -1,9 +1,10 @@
 """The token a row picks: its argmax (greedy) or a draw from its distribution (sampling).
 
 On the CPU backend, where the CPU kernels build (specjax.kernels.cpu_panels), both run as the
-row_choice kernel: XLA:CPU's jnp.argmax reduces (value, index) pairs one element at a time (~1.1
-ms over the [8, 49152] logits of an 8-node SmolLM2 verification, against ~0.05 ms), and
-jax.random.categorical draws a Gumbel variate per vocabulary entry (~1.5 ms a row). Elsewhere,
+row_choice kernel: XLA:CPU's jnp.argmax reduces (value, index) pairs one element at a time (~1.2
+ms over the [8, 49152] logits of an 8-node SmolLM2 verification, against ~0.26 ms), and
+jax.random.categorical draws a Gumbel variate per vocabulary entry (~1.9 ms a row, against ~0.1
+ms): experiments/results/row_choice_time.md. Elsewhere,
 and under a mesh (XLA's partitioner cannot split a custom call), jnp.argmax and
 jax.random.categorical.
 """
