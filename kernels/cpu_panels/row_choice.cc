@@ -7,6 +7,7 @@
 // per vocabulary entry, ~1.5 ms a row. Here a row is read once or twice at vector speed.
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
 #include "xla/ffi/api/ffi.h"
 
@@ -69,8 +70,7 @@ int32_t row_argmax(const float* x, int64_t v) {
 // running sum then walks the blocks and one block's entries. Entries of p = 0 are never drawn.
 int32_t row_draw(const float* p, int64_t v, uint32_t hi, uint32_t lo) {
   const int64_t blocks = (v + kBlock - 1) / kBlock;
-  double sums_small[1024];
-  double* sums = blocks <= 1024 ? sums_small : new double[blocks];
+  std::vector<double> sums(blocks);
   double total = 0.0;
   for (int64_t b = 0; b < blocks; ++b) {
     const int64_t i0 = b * kBlock, i1 = i0 + kBlock < v ? i0 + kBlock : v;
@@ -100,7 +100,6 @@ int32_t row_draw(const float* p, int64_t v, uint32_t hi, uint32_t lo) {
     }
     before += sums[b];
   }
-  if (sums != sums_small) delete[] sums;
   if (last_block < 0) return 0;  // nothing positive (callers normalise with a fallback)
   // The crossing block's entries, summed in order from `before`. Where rounding of the block
   // sums leaves no crossing (u * total rounded up to total), the block's last positive entry.
