@@ -30,12 +30,14 @@ pytestmark = pytest.mark.skipif(
 
 # (B, N, H, K, D, S, L): one row and a verification block of SmolLM2's heads; ragged rows with
 # grouped heads and a head dim below the kernel's 16-float lanes (stories260K's D = 8); decoding
-# over a long cache; a block of 16 with as many kv heads as heads and D not a multiple of 16.
+# over a long cache; a block of 16 with as many kv heads as heads; a head dim neither a multiple
+# of 16 nor 8 (the scalar sums).
 SHAPES = [
     (1, 8, 9, 3, 64, 141, 4),
     (3, 5, 4, 2, 8, 40, 2),
     (2, 1, 9, 3, 64, 300, 3),
     (2, 16, 8, 8, 48, 64, 2),
+    (2, 3, 4, 2, 12, 37, 2),
 ]
 
 
@@ -75,10 +77,12 @@ def test_positions_a_query_may_not_see_are_never_read():
     np.testing.assert_array_equal(np.asarray(dirty), np.asarray(clean))
 
 
-def test_a_tokens_output_does_not_depend_on_the_block():
+@pytest.mark.parametrize("heads", [(9, 3, 64), (8, 4, 8), (4, 2, 12)])
+def test_a_tokens_output_does_not_depend_on_the_block(heads):
     """A chain of 4 verified at once and each of its tokens decoded alone after the tokens
-    before it were committed (the same keys in the same positions): bit for bit the same."""
-    q, k, v, _, _ = _inputs(1, 4, 9, 3, 64, 64, 1, seed=5)
+    before it were committed (the same keys in the same positions): bit for bit the same, for
+    each of the kernel's weighted-sum paths (heads of 16-float vectors, of 8, and scalar)."""
+    q, k, v, _, _ = _inputs(1, 4, *heads, 64, 1, seed=5)
     chain = jnp.tril(jnp.ones((1, 4, 4), bool))
     block = cache_attention(q, k, v, 0, jnp.array([10]), chain)
     for i in range(4):

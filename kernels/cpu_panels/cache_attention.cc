@@ -28,6 +28,7 @@ namespace {
 
 typedef float vec __attribute__((vector_size(64)));
 typedef float vec_u __attribute__((vector_size(64), aligned(4)));
+typedef float half_vec __attribute__((vector_size(32)));  // 8 floats: heads of 8
 
 inline vec load(const float* p) { return *reinterpret_cast<const vec_u*>(p); }
 inline void store(float* p, vec x) { *reinterpret_cast<vec_u*>(p) = x; }
@@ -64,45 +65,49 @@ inline vec exp16(vec x) {
 constexpr int64_t kLanes = 16;   // keys scored at once (one vector)
 constexpr int64_t kQueries = 4;  // queries scored, and summed, at once
 
-// out[r] = sum_j w[r, j] v_j / total[r] for every query r (d = C * 16), Q queries per pass over
-// the values with their sums held in registers; each sum runs over the keys in order.
-template <int C>
+// out[r] = sum_j w[r, j] v_j / total[r] for every query r (d = C * lanes of V: 16-float
+// vectors, or 8-float ones for a head of 8: the scalar loop below cost a 260K-parameter model
+// ~30 us a node), Q queries per pass over the values with their sums held in registers; each
+// sum runs over the keys in order.
+template <typename V, int C>
 void weighted_values(const float* w, int64_t width, int64_t keys, const float* v0,
                      int64_t key_stride, const float* totals, const Shapes& sh, int64_t row,
                      int64_t kv, float* out) {
+  constexpr int64_t lanes = sizeof(V) / sizeof(float);
+  const auto load = [](const float* p) {  // unaligned
+    V x;
+    __builtin_memcpy(&x, p, sizeof(V));
+    return x;
+  };
+  const auto store = [](float* p, V x) { __builtin_memcpy(p, &x, sizeof(V)); };
   constexpr int Q = C <= 4 ? 4 : 2;
-  const int64_t g_count = sh.h / sh.kh, n = sh.n, queries = n * g_count, d = C * kLanes;
+  const int64_t g_count = sh.h / sh.kh, n = sh.n, queries = n * g_count, d = C * lanes;
+  // A pass of fewer than Q queries runs the same code over rows of zero weights: one code path
+  // for every query keeps its sums the same whatever the block (the compiler may contract the
+  // products of two loops differently).
+  const std::vector<float> zeros(width, 0.f);
   for (int64_t r0 = 0; r0 < queries; r0 += Q) {
     const int64_t count = queries - r0 < Q ? queries - r0 : Q;
-    vec acc[Q][C] = {};
-    if (count == Q) {
-      for (int64_t j = 0; j < keys; ++j) {
-        const float* vj = v0 + j * key_stride;
-        vec vv[C];
+    const float* wr[Q];
+    for (int a = 0; a < Q; ++a) wr[a] = a < count ? w + (r0 + a) * width : zeros.data();
+    V acc[Q][C] = {};
+    for (int64_t j = 0; j < keys; ++j) {
+      const float* vj = v0 + j * key_stride;
+      V vv[C];
 #pragma GCC unroll 8
-        for (int c = 0; c < C; ++c) vv[c] = load(vj + c * kLanes);
+      for (int c = 0; c < C; ++c) vv[c] = load(vj + c * lanes);
 #pragma GCC unroll 4
-        for (int a = 0; a < Q; ++a) {
-          const float wj = w[(r0 + a) * width + j];
+      for (int a = 0; a < Q; ++a) {
+        const float wj = wr[a][j];
 #pragma GCC unroll 8
-          for (int c = 0; c < C; ++c) acc[a][c] += vv[c] * wj;
-        }
-      }
-    } else {
-      for (int64_t j = 0; j < keys; ++j) {
-        const float* vj = v0 + j * key_stride;
-        for (int64_t a = 0; a < count; ++a) {
-          const float wj = w[(r0 + a) * width + j];
-#pragma GCC unroll 8
-          for (int c = 0; c < C; ++c) acc[a][c] += load(vj + c * kLanes) * wj;
-        }
+        for (int c = 0; c < C; ++c) acc[a][c] += vv[c] * wj;
       }
     }
     for (int64_t a = 0; a < count; ++a) {
       const int64_t r = r0 + a;
       float* o = out + ((row * n + r / g_count) * sh.h + kv * g_count + r % g_count) * d;
       const float inv = totals[r] > 0.f ? 1.f / totals[r] : 0.f;
-      for (int c = 0; c < C; ++c) store(o + c * kLanes, acc[a][c] * inv);
+      for (int c = 0; c < C; ++c) store(o + c * lanes, acc[a][c] * inv);
     }
   }
 }
@@ -154,26 +159,44 @@ void attend_group(const Shapes& sh, const float* q, const float* k, const float*
     for (int64_t m = 0; m < block; ++m)
       if (!visible[m]) s[length + m] = -INFINITY;
     for (int64_t j = keys; j < width; ++j) s[j] = -INFINITY;
+    // The maximum 16 keys at a time (exact in any order), and the total as 16 lane sums (lane l
+    // sums keys j = l mod 16 in position order) added lane by lane at the end: a fixed order
+    // whatever the block, since keys past the visible ones add exact zeros. A sum of one key
+    // after another cost ~4 cycles a key and query (half of a small model's attention).
+    vec top16 = (vec){} - INFINITY;
+    for (int64_t j = 0; j < width; j += kLanes) {
+      const vec x = load(s + j);
+      top16 = x > top16 ? x : top16;
+    }
     float top = -INFINITY;
-    for (int64_t j = 0; j < keys; ++j) top = s[j] > top ? s[j] : top;
+    for (int64_t l = 0; l < kLanes; ++l) top = top16[l] > top ? top16[l] : top;
     if (top == -INFINITY) top = 0.f;  // nothing visible (not reached by the engine): zeros
-    for (int64_t j = 0; j < width; j += kLanes) store(s + j, exp16(load(s + j) - top));
+    vec lane_totals = {};
+    for (int64_t j = 0; j < width; j += kLanes) {
+      const vec e = exp16(load(s + j) - top);
+      store(s + j, e);
+      lane_totals += e;
+    }
     float total = 0.f;
-    for (int64_t j = 0; j < keys; ++j) total += s[j];
+    for (int64_t l = 0; l < kLanes; ++l) total += lane_totals[l];
     totals[r] = total;
   }
   // out = sum_j w_j v_j / total, the keys in order.
   if (d % kLanes == 0 && d <= 8 * kLanes) {
     switch (d / kLanes) {
-      case 1: weighted_values<1>(scores.data(), width, keys, v0, key_stride, totals.data(), sh, row, kv, out); break;
-      case 2: weighted_values<2>(scores.data(), width, keys, v0, key_stride, totals.data(), sh, row, kv, out); break;
-      case 3: weighted_values<3>(scores.data(), width, keys, v0, key_stride, totals.data(), sh, row, kv, out); break;
-      case 4: weighted_values<4>(scores.data(), width, keys, v0, key_stride, totals.data(), sh, row, kv, out); break;
-      case 5: weighted_values<5>(scores.data(), width, keys, v0, key_stride, totals.data(), sh, row, kv, out); break;
-      case 6: weighted_values<6>(scores.data(), width, keys, v0, key_stride, totals.data(), sh, row, kv, out); break;
-      case 7: weighted_values<7>(scores.data(), width, keys, v0, key_stride, totals.data(), sh, row, kv, out); break;
-      default: weighted_values<8>(scores.data(), width, keys, v0, key_stride, totals.data(), sh, row, kv, out); break;
+      case 1: weighted_values<vec, 1>(scores.data(), width, keys, v0, key_stride, totals.data(), sh, row, kv, out); break;
+      case 2: weighted_values<vec, 2>(scores.data(), width, keys, v0, key_stride, totals.data(), sh, row, kv, out); break;
+      case 3: weighted_values<vec, 3>(scores.data(), width, keys, v0, key_stride, totals.data(), sh, row, kv, out); break;
+      case 4: weighted_values<vec, 4>(scores.data(), width, keys, v0, key_stride, totals.data(), sh, row, kv, out); break;
+      case 5: weighted_values<vec, 5>(scores.data(), width, keys, v0, key_stride, totals.data(), sh, row, kv, out); break;
+      case 6: weighted_values<vec, 6>(scores.data(), width, keys, v0, key_stride, totals.data(), sh, row, kv, out); break;
+      case 7: weighted_values<vec, 7>(scores.data(), width, keys, v0, key_stride, totals.data(), sh, row, kv, out); break;
+      default: weighted_values<vec, 8>(scores.data(), width, keys, v0, key_stride, totals.data(), sh, row, kv, out); break;
     }
+    return;
+  }
+  if (d == 8) {
+    weighted_values<half_vec, 1>(scores.data(), width, keys, v0, key_stride, totals.data(), sh, row, kv, out);
     return;
   }
   std::vector<float> acc(d);

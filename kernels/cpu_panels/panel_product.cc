@@ -117,9 +117,13 @@ void panels(const float* x, const W* w, float* y, int64_t n, int64_t in, int64_t
 // weights whatever the rows. A product of a few rows is bound by reading the weight, and on a
 // 2-core AVX-512 EPYC two threads read SmolLM2's matrices faster than one (plain decoding
 // ~17 -> ~13.5 ms a token, a forward over 4 nodes ~19.7 -> ~14.6 ms: NOTES.md, "Fortieth
-// session"); a small weight (stories260K's) is read faster than a hand-off to another thread.
+// session"); a small weight (stories260K's) is read faster than a hand-off to another thread,
+// even over 8 rows (a 64 x 172 product of 8 rows took ~10x the time of 4 when split, and a
+// forward of stories260K over 8 nodes ~15% longer), so rows alone split only from
+// kSplitRowWork multiply-adds (every product of SmolLM2 over 8 rows still splits).
 constexpr int64_t kSplitRows = 8;
 constexpr int64_t kSplitWeights = int64_t{1} << 17;
+constexpr int64_t kSplitRowWork = int64_t{1} << 19;
 
 ffi::Error PanelProductImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
                             ffi::Buffer<ffi::DataType::S32> layer, ffi::RemainingArgs weights,
@@ -158,7 +162,8 @@ ffi::Error PanelProductImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
   };
 
   int64_t parts = 1;
-  if (n >= kSplitRows || np * in * kPanel >= kSplitWeights) {
+  const int64_t weights_read = np * in * kPanel;
+  if (weights_read >= kSplitWeights || (n >= kSplitRows && n * weights_read >= kSplitRowWork)) {
     const int64_t threads = pool.num_threads() + 1;  // the pool's and this one
     parts = threads < np ? threads : np;
   }
