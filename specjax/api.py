@@ -10,7 +10,7 @@ import time
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import adaptation, pre_verifier_local
+from specjax import adaptation, pre_verifier_local, programs
 from specjax.acceptance import mode_of
 from specjax.cache import tree_reserve
 from specjax.choice import call_context, call_prefill_seconds, resolve_auto
@@ -68,6 +68,9 @@ def speculative_generate(
     choice, width = _choose_config(
         target, drafter, prompts, config, sampling, max_new_tokens, eos_id
     )
+    shape = programs.shape_of(target, drafter, mode_of(sampling), len(prompts), width,
+                              max_new_tokens)  # fmt: skip
+    choice = programs.keep_compiled(choice, shape, max_new_tokens)
     prune = None
     if choice.config is not None and sampling.greedy and verifier is None:
         choice, prune = _with_pre_verifier(target, drafter, choice)
@@ -78,14 +81,19 @@ def speculative_generate(
     # another verifier's says nothing about them.
     adapting = config.adapt is True and verifier is None and not choice.config_prunes
     key = adaptation.key_of(target, drafter, mode_of(sampling))
+    compiled_before = programs.compile_seconds()
     if choice.config is None:
         if adapting:
             adaptation.record_plain(key)
-        return _autoregressive(target, prompts, choice, config.attn_impl, **kwargs)
+        out = _autoregressive(target, prompts, choice, config.attn_impl, **kwargs)
+        programs.record(shape, target, drafter, None, programs.compile_seconds() - compiled_before)
+        return out
     # The fallback runs plain steps through the verifier; an early-exit verifier's "plain" step
     # would still run its levels, so it keeps the chosen tree throughout.
     chosen = choice.with_fallback() if config.fallback and verifier is None else choice.config
     out = speculative_decode(target, drafter, prompts, config=chosen, verifier=verifier, **kwargs)
+    programs.record(shape, target, drafter, chosen.tree,
+                    programs.compile_seconds() - compiled_before)  # fmt: skip
     if adapting:
         adaptation.record(key, target, drafter, choice.profiles, chosen.tree, out.stats)
     out.stats.update(choice.stats())

@@ -69,6 +69,9 @@ INTERIOR_OPTIMISM = 0.9
 MIN_COST_CONTEXT = 64
 
 
+# The best candidates a Choice keeps (specjax.programs may run one already compiled instead).
+ALTERNATIVES = 16
+
 # Choices made in this process, by (target, drafter, batch, mode, room, context, AutoSpecConfig): a
 # repeated call skips the fingerprints and file reads.
 _CHOSEN: dict[tuple, tuple] = {}
@@ -100,6 +103,10 @@ class Choice:
     new_tokens: int = 0  # 0: not made for a call, predictions are per decoding step
     prefill_seconds: float = 0.0
     choose_seconds: float = 0.0
+    # The candidates as (tree, tau, seconds per step), best first (the timed ones when steps
+    # were timed), and whether specjax.programs kept a compiled one over the best.
+    alternatives: tuple = dataclasses.field(default=(), compare=False, repr=False)
+    kept_compiled: bool = False
 
     @property
     def step_speedup(self) -> float:
@@ -161,6 +168,7 @@ class Choice:
             "choose_s": self.choose_seconds,
             "break_even_tau": self.break_even_tau,
             "acceptance_shift": self.acceptance_shift,
+            "kept_compiled": self.kept_compiled,
         }
 
     def describe(self) -> str:
@@ -316,7 +324,9 @@ def choose(
     # lower tau below the prediction (measured: stories260K-eagle 3.81 -> 2.95 at
     # dynamic(6,6,4)) while the step costs what was timed, so the chosen tree runs without it.
     config = SpecConfig(tree=tree, rule=rule, attn_impl=attn_impl, pre_verify=False)
-    return Choice(config, float(tau), float(seconds), float(t_ar), count)
+    alternatives = tuple((t, float(a), float(s)) for _, t, a, s in ranked[:ALTERNATIVES])
+    return Choice(config, float(tau), float(seconds), float(t_ar), count,
+                  alternatives=alternatives)  # fmt: skip
 
 
 def pair_profile_file(target, drafter, mode: str):
