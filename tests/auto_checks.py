@@ -48,3 +48,22 @@ def keep_costs(cache, target, drafter, auto) -> None:
         path.write_text(json.dumps(costs.to_json()))
     for width in (16, 32, 64):
         keep_prefill_seconds(target, batch=2, width=width, seconds=PREFILL_S)
+
+
+def kept_costs_call(tmp_path, monkeypatch, **auto):
+    """(target, drafter, auto config, prompts, generate's greedy output) of a default call whose
+    costs and profile are kept in tmp_path (keep_costs): a TINY target drafting itself with one
+    layer, two ragged prompts, 12 new tokens."""
+    from flax import nnx
+
+    import specjax
+    from specjax.config import TINY, AutoSpecConfig
+    from specjax.drafters import LMDrafter
+
+    monkeypatch.setenv("SPECJAX_CACHE", str(tmp_path))
+    target = specjax.Llama(TINY, rngs=nnx.Rngs(0))
+    drafter = LMDrafter.self_draft(1)
+    config = AutoSpecConfig(max_nodes=4, verbose=False, timed_candidates=0, **auto)
+    keep_costs(tmp_path, target, drafter, config)
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8]]
+    return target, drafter, config, prompts, specjax.generate(target, prompts, max_new_tokens=12)

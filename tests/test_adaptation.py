@@ -6,13 +6,11 @@ import dataclasses
 
 import numpy as np
 import pytest
-from flax import nnx
 
 import specjax
 from specjax import adaptation, choice
 from specjax.acceptance import AcceptanceProfile, ProfileRecorder
-from specjax.config import TINY, AutoSpecConfig, TreeConfig
-from specjax.drafters import LMDrafter
+from specjax.config import AutoSpecConfig, TreeConfig
 
 
 def chain_profile(accept=(0.8, 0.7, 0.6)) -> AcceptanceProfile:
@@ -121,16 +119,10 @@ def test_default_call_records_its_outcome_and_the_next_call_uses_it(tmp_path, mo
     """A default call records its speculative steps; the next default call with the same target
     and drafter reports the shift fitted from them, and an explicit shift (adapt=number) scales
     the prediction and records nothing. Greedy output equals generate's throughout."""
-    from auto_checks import keep_costs, static_profile
+    from auto_checks import kept_costs_call, static_profile
 
     adaptation.reset()
-    monkeypatch.setenv("SPECJAX_CACHE", str(tmp_path))
-    target = specjax.Llama(TINY, rngs=nnx.Rngs(0))
-    drafter = LMDrafter.self_draft(1)
-    auto = AutoSpecConfig(max_nodes=4, verbose=False, timed_candidates=0, fallback=False)
-    keep_costs(tmp_path, target, drafter, auto)
-    prompts = [[1, 2, 3], [4, 5, 6, 7, 8]]
-    ref = specjax.generate(target, prompts, max_new_tokens=12)
+    target, drafter, auto, prompts, ref = kept_costs_call(tmp_path, monkeypatch, fallback=False)
     first = specjax.speculative_generate(target, drafter, prompts, max_new_tokens=12, config=auto)
     np.testing.assert_array_equal(np.asarray(first.tokens), np.asarray(ref.tokens))
     assert first.stats["acceptance_shift"] == 1.0

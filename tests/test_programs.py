@@ -7,14 +7,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from auto_checks import keep_costs
-from flax import nnx
+from auto_checks import kept_costs_call
 
 import specjax
 from specjax import api, programs
 from specjax.choice import Choice
-from specjax.config import TINY, AutoSpecConfig, SpecConfig, TreeConfig
-from specjax.drafters import LMDrafter
+from specjax.config import SpecConfig, TreeConfig
 
 CHAIN2, CHAIN3 = TreeConfig.chain(2), TreeConfig.chain(3)
 
@@ -68,13 +66,7 @@ def test_compile_seconds_count_a_jit_compile():
 def test_the_default_call_keeps_its_compiled_tree_and_stays_exact(tmp_path, monkeypatch):
     """A second default call whose best tree moved (as an acceptance shift moves it) runs the
     tree the first call compiled, reports so, and gives generate's greedy tokens."""
-    monkeypatch.setenv("SPECJAX_CACHE", str(tmp_path))
-    target = specjax.Llama(TINY, rngs=nnx.Rngs(0))
-    drafter = LMDrafter.self_draft(1)
-    auto = AutoSpecConfig(max_nodes=4, verbose=False, timed_candidates=0, adapt=False)
-    keep_costs(tmp_path, target, drafter, auto)
-    prompts = [[1, 2, 3], [4, 5, 6, 7, 8]]
-    ref = specjax.generate(target, prompts, max_new_tokens=12)
+    target, drafter, auto, prompts, ref = kept_costs_call(tmp_path, monkeypatch, adapt=False)
     first = specjax.speculative_generate(target, drafter, prompts, max_new_tokens=12, config=auto)
     assert first.stats["tree"] == "branching(1,1)" and not first.stats["kept_compiled"]
     chosen = api.resolve_auto
