@@ -78,27 +78,25 @@ def keep_compiled(choice, shape: tuple, new_tokens: int):
     entry = _SHAPES.get(shape)
     if choice.config is None or entry is None or choice.config.tree in entry[2].trees:
         return choice
-    record_ = entry[2]
-    compiled = [a for a in choice.alternatives if a[0] in record_.trees]
+    shape_record = entry[2]
+    compiled = [a for a in choice.alternatives if a[0] in shape_record.trees]
     if not compiled:
         return choice
     tree, tau, seconds = compiled[0]  # alternatives are best first
-
-    def call_seconds(tau_, seconds_):
-        return new_tokens / tau_ * seconds_
-
-    saved = call_seconds(tau, seconds) - call_seconds(choice.predicted_tau, choice.seconds_per_step)
-    if saved * max(record_.calls, 1) > record_.compile_s:
-        return choice
-    if tau / seconds * choice.ar_seconds_per_token < 1.0:
-        return choice  # the compiled tree is no longer predicted to beat plain decoding
-    return dataclasses.replace(
+    kept = dataclasses.replace(
         choice,
         config=dataclasses.replace(choice.config, tree=tree),
         predicted_tau=float(tau),
         seconds_per_step=float(seconds),
         kept_compiled=True,
     )
+    # Seconds of new_tokens tokens: new_tokens / tau steps.
+    saved = new_tokens * (seconds / tau - choice.seconds_per_step / choice.predicted_tau)
+    if saved * max(shape_record.calls, 1) > shape_record.compile_s:
+        return choice
+    if kept.step_speedup < 1.0:
+        return choice  # the compiled tree is no longer predicted to beat plain decoding
+    return kept
 
 
 def reset() -> None:

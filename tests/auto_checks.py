@@ -3,11 +3,15 @@ costs kept in a cache folder, so that a default call measures and calibrates not
 
 import json
 
+from flax import nnx
+
+import specjax
 from specjax import autotune
 from specjax.acceptance import AcceptanceProfile, ProfileRecorder, write_profiles
 from specjax.autotune import DraftCosts, VerifyCosts
 from specjax.choice import anchor_grid, best_tau, cost_context, pair_profile_file, verify_grid
-from specjax.config import TreeConfig
+from specjax.config import TINY, AutoSpecConfig, TreeConfig
+from specjax.drafters import LMDrafter
 from specjax.prefill_costs import keep_prefill_seconds
 
 PREFILL_S = 0.5  # every kept prefill (keep_costs)
@@ -54,12 +58,6 @@ def kept_costs_call(tmp_path, monkeypatch, **auto):
     """(target, drafter, auto config, prompts, generate's greedy output) of a default call whose
     costs and profile are kept in tmp_path (keep_costs): a TINY target drafting itself with one
     layer, two ragged prompts, 12 new tokens."""
-    from flax import nnx
-
-    import specjax
-    from specjax.config import TINY, AutoSpecConfig
-    from specjax.drafters import LMDrafter
-
     monkeypatch.setenv("SPECJAX_CACHE", str(tmp_path))
     target = specjax.Llama(TINY, rngs=nnx.Rngs(0))
     drafter = LMDrafter.self_draft(1)
