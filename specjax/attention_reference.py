@@ -31,7 +31,8 @@ def block_visibility(lengths: jax.Array, tree_mask: jax.Array, cache_len: int) -
 
 
 def reference_attention(q, k, v, lengths, tree_mask, visible=None):
-    """Plain-jnp tree attention. q [B,N,H,D], k/v [B,S,K,D], lengths [B], tree_mask [B,N,N];
+    """Plain-jnp tree attention. q [B,N,H,D], k/v [B,S,K,D], lengths [B], tree_mask [B,N,M]
+    (M block keys at lengths .. lengths + M - 1, usually M = N);
     visible [B,N,S'] (S' >= S) the precomputed block_visibility, so a caller running many layers
     builds it once."""
     b, n, h, d = q.shape

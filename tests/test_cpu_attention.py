@@ -64,6 +64,26 @@ def test_the_kernel_is_the_reference_attention_of_the_chosen_layer(shape):
         np.testing.assert_allclose(np.asarray(out), np.asarray(want), atol=2e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize(("n", "m"), [(4, 12), (1, 6), (3, 2)])
+def test_a_block_mask_wider_or_narrower_than_the_queries(n, m):
+    """mask [B, N, M] with M != N (a drafter's tree level over the keys its earlier levels
+    wrote past the context): the reference attention of the same mask, at D = 8 and 64, and
+    keys past the block's M slots are never read."""
+    for h, kh, d in ((8, 4, 8), (9, 3, 64)):
+        q, k, v, lengths, _ = _inputs(2, n, h, kh, d, 40, 1, seed=n + m)
+        lengths = jnp.minimum(lengths, 40 - m)
+        rng = np.random.default_rng(m)
+        own = np.arange(m)[None, None, :] == (np.arange(n) % m)[None, :, None]
+        mask = jnp.asarray((rng.random((2, n, m)) < 0.5) | own)  # every query sees a key
+        out = jax.jit(cache_attention)(q, k, v, jnp.int32(0), lengths, mask)
+        want = reference_attention(q, k[0], v[0], lengths, mask)
+        np.testing.assert_allclose(np.asarray(out), np.asarray(want), atol=2e-6, rtol=1e-5)
+        k_np = np.array(k)
+        k_np[0][np.arange(40)[None, :] >= np.asarray(lengths)[:, None] + m] = np.nan
+        dirty = cache_attention(q, jnp.asarray(k_np), v, 0, lengths, mask)
+        np.testing.assert_array_equal(np.asarray(dirty), np.asarray(out))
+
+
 def test_positions_a_query_may_not_see_are_never_read():
     """NaN in the other layers and past each row's block: the output is unchanged."""
     q, k, v, lengths, mask = _inputs(2, 6, 4, 2, 16, 50, 3, seed=3)

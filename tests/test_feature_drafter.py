@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from specjax.kernels import cpu_panels
 from test_lossless_e2e import (
     CFG,
     N_ROWS,
@@ -119,6 +120,34 @@ def test_greedy_equals_generate_ragged_batch(tiny_target, kind, reuse):
         )
         np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
         np.testing.assert_array_equal(np.asarray(out.lengths), np.asarray(ref.lengths))
+
+
+@pytest.mark.skipif(
+    jax.default_backend() != "cpu" or not cpu_panels.available(),
+    reason="the eagle's levels go through the CPU attention kernel where it builds",
+)
+def test_eagle_levels_through_the_kernel_draft_the_same_tree(tiny_target):
+    """The eagle's tree levels through the CPU kernel (keys written past the context, a mask of
+    ancestors) draft what the carried-ancestors attention drafts, at several tree shapes, from
+    ragged rows mid-generation: the same tokens and parents, probabilities to float tolerance."""
+    drafter = make_drafter("eagle", tiny_target, seed=2)
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9], [3]]
+    static = TreeConfig(branching=(2, 2))
+    for tree in (TreeConfig.dynamic(7, 3, 3), TreeConfig.dynamic(5, 4, 1), static):
+        trees = {}
+        for impl in ("auto", "reference"):
+            cfg = SpecConfig(tree=tree, attn_impl=impl, pre_verify=False)
+            assert drafter.tree_keys_in_cache(cfg) == (tree.max_depth * tree.topk) * (
+                impl == "auto"
+            )
+            _, propose = proposer_after(tiny_target, drafter, prompts, cfg, steps=3)
+            trees[impl] = propose()
+        kernel, carried = trees["auto"], trees["reference"]
+        np.testing.assert_array_equal(np.asarray(kernel.tokens), np.asarray(carried.tokens))
+        np.testing.assert_array_equal(np.asarray(kernel.parents), np.asarray(carried.parents))
+        np.testing.assert_allclose(
+            np.asarray(kernel.draft_prob), np.asarray(carried.draft_prob), rtol=1e-4, atol=1e-6
+        )
 
 
 @pytest.mark.slow

@@ -1,7 +1,9 @@
 // Attention of a small query block over one layer of the KV cache, reading only the positions a
 // query can see (specjax.attention's contract):
 //   out[b, n, h] = sum_j softmax_j(q[b, n, h] . k[layer, b, j, h / G] / sqrt(D)) v[layer, b, j, h / G]
-// over j < lengths[b] (committed context) and j = lengths[b] + m with mask[b, n, m] (the block).
+// over j < lengths[b] (committed context) and j = lengths[b] + m with mask[b, n, m] (the block:
+// mask [B, N, M], M block keys; M = N when the queries are the block's own tokens, M > N when
+// they see more keys written after the context, as a feature drafter's tree levels do).
 //
 // Why a kernel of our own: XLA:CPU's attention over a static cache computes every one of its S
 // positions and copies the layer's slice out of the [L, B, S, K, D] cache, so a decoding step's
@@ -36,6 +38,7 @@ inline void store(float* p, vec x) { *reinterpret_cast<vec_u*>(p) = x; }
 struct Shapes {
   int64_t b, n, h, d;  // queries [B, N, H, D]
   int64_t s, kh;       // cache [L, B, S, K, D]
+  int64_t m;           // block keys (mask [B, N, M])
 };
 
 // exp of 16 floats lane by lane (Cephes' single-precision expf, ~1 ulp); lanes below -87.3
@@ -125,7 +128,7 @@ void attend_group(const Shapes& sh, const float* q, const float* k, const float*
   const float* k0 = k + kv * d;
   const float* v0 = v + kv * d;
   // Block slots past the cache's end hold no key (the engine's reserve keeps the block inside).
-  const int64_t block = length + n <= sh.s ? n : (sh.s > length ? sh.s - length : 0);
+  const int64_t block = length + sh.m <= sh.s ? sh.m : (sh.s > length ? sh.s - length : 0);
   const int64_t keys = length + block, width = (keys + kLanes - 1) / kLanes * kLanes;
   std::vector<float> scores(queries * width), tile(d * kLanes);
   std::vector<const float*> qs(queries);
@@ -155,7 +158,7 @@ void attend_group(const Shapes& sh, const float* q, const float* k, const float*
   std::vector<float> totals(queries);
   for (int64_t r = 0; r < queries; ++r) {
     float* s = &scores[r * width];
-    const bool* visible = mask + (row * n + r / g_count) * n;
+    const bool* visible = mask + (row * n + r / g_count) * sh.m;
     for (int64_t m = 0; m < block; ++m)
       if (!visible[m]) s[length + m] = -INFINITY;
     for (int64_t j = keys; j < width; ++j) s[j] = -INFINITY;
@@ -230,13 +233,14 @@ ffi::Error CacheAttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q,
   for (size_t i = 0; same && i < kd.size(); ++i) same = vd[i] == kd[i];
   if (qd.size() != 4 || kd.size() != 5 || !same)
     return ffi::Error::InvalidArgument("cache_attention: q [B, N, H, D], k/v [L, B, S, K, D]");
-  const Shapes sh{qd[0], qd[1], qd[2], qd[3], kd[2], kd[3]};
+  auto md = mask.dimensions();
+  if (md.size() != 3)
+    return ffi::Error::InvalidArgument("cache_attention: mask [B, N, M], lengths [B]");
+  const Shapes sh{qd[0], qd[1], qd[2], qd[3], kd[2], kd[3], md[2]};
   if (kd[1] != sh.b || kd[4] != sh.d || sh.kh < 1 || sh.h % sh.kh != 0)
     return ffi::Error::InvalidArgument("cache_attention: q and the cache disagree");
-  auto md = mask.dimensions();
-  if (md.size() != 3 || md[0] != sh.b || md[1] != sh.n || md[2] != sh.n ||
-      lengths.element_count() != sh.b)
-    return ffi::Error::InvalidArgument("cache_attention: mask [B, N, N], lengths [B]");
+  if (md[0] != sh.b || md[1] != sh.n || lengths.element_count() != sh.b)
+    return ffi::Error::InvalidArgument("cache_attention: mask [B, N, M], lengths [B]");
   const int64_t index = layer.typed_data()[0];
   if (index < 0 || index >= kd[0])
     return ffi::Error::InvalidArgument("cache_attention: layer index out of range");
@@ -255,7 +259,7 @@ ffi::Error CacheAttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q,
   };
   const int64_t items = sh.b * sh.kh;
   int64_t context = 0;
-  for (int64_t r = 0; r < sh.b; ++r) context += lp[r] + sh.n;
+  for (int64_t r = 0; r < sh.b; ++r) context += lp[r] + sh.m;
   const int64_t work = context * sh.n * sh.h * sh.d * 2;
   if (items < 2 || work < kSplitWork || pool.num_threads() < 1) {
     for (int64_t i = 0; i < items; ++i) group(i);

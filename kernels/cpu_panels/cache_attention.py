@@ -18,9 +18,10 @@ from specjax.attention_reference import reference_attention
 
 def cache_attention(q, k_all, v_all, layer, lengths, tree_mask):
     """q [B, N, H, D] over layer `layer` of k_all / v_all [L, B, S, K, D] (float32), lengths [B],
-    tree_mask [B, N, N] -> [B, N, H, D] in q's dtype: query i of row b sees positions
-    j < lengths[b] and lengths[b] + m where tree_mask[b, i, m]. Differentiable in q, k_all and
-    v_all (through the plain-jnp attention)."""
+    tree_mask [B, N, M] -> [B, N, H, D] in q's dtype: query i of row b sees positions
+    j < lengths[b] and lengths[b] + m where tree_mask[b, i, m] (M = N for a block's own tokens;
+    M may differ when the block's keys were written before, as a drafter's tree levels do).
+    Differentiable in q, k_all and v_all (through the plain-jnp attention)."""
     out = _attention(
         q.astype(jnp.float32), k_all, v_all, jnp.asarray(layer, jnp.int32).reshape(()),
         lengths.astype(jnp.int32), tree_mask.astype(bool),

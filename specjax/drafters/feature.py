@@ -32,12 +32,13 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from specjax.attention import attend, cpu_kernel_ok, resolve_impl
 from specjax.cache import KVCache, init_cache
 from specjax.config import SamplingConfig, SpecConfig, TreeConfig
 from specjax.drafters.base import RootContext
 from specjax.kernels import cpu_panels
 from specjax.models.drafter import DrafterNet, TargetParts, one_layer_weights, shift_right
-from specjax.models.layers import decoder_layer, rope_angles
+from specjax.models.layers import decoder_layer, rope_angles, write_block
 from specjax.sampling import apply_sampling
 from specjax.tree import Acceptance, DraftTree, causal_mask, expand_topk
 
@@ -184,7 +185,8 @@ class FeatureDrafter(nnx.Module):
         parts = self._parts(target)
         x = self.net.fuse(shift_right(target_hidden, 1), jnp.take(parts.embed, prompt_ids, 0))
         positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-        cache = init_cache(self.net.config.layer, b, cache_len, dtype=jnp.float32)
+        extra = self.tree_keys_in_cache(config)
+        cache = init_cache(self.net.config.layer, b, cache_len + extra, dtype=jnp.float32)
         _, cache = self._block(x, positions, cache, causal_mask(b, t), config.attn_impl)
         last = jnp.take_along_axis(target_hidden, (prompt_lens - 1)[:, None, None], axis=1)[:, 0]
         n_nodes, depth, _ = tree_budget(config.tree)
@@ -220,7 +222,7 @@ class FeatureDrafter(nnx.Module):
         parts = self._parts(target)
         n_nodes, depth, topk = tree_budget(config.tree)
         root_emb = jnp.take(parts.embed, ctx.root, axis=0)  # [B, M]
-        step, root_state, shared = self._expansion(state, parts, ctx, root_emb, depth, sampling)
+        step, root_state, shared = self._expansion(state, parts, ctx, root_emb, sampling, config)
         b = ctx.root.shape[0]
         pv = self.pre_verifier if config.pre_verify else None
         pv = pv if pv is not None and pv.prunes(n_nodes) else None
@@ -303,7 +305,13 @@ class FeatureDrafter(nnx.Module):
 
     # -- kind-specific hooks -------------------------------------------------------------------
 
-    def _expansion(self, state, parts, ctx, root_emb, depth, sampling):
+    def tree_keys_in_cache(self, config: SpecConfig) -> int:
+        """Cache positions past the context that a proposal writes its tree levels' keys to
+        (0: the levels carry their ancestors' keys themselves)."""
+        del config
+        return 0
+
+    def _expansion(self, state, parts, ctx, root_emb, sampling, config: SpecConfig):
         """(step, root_state, shared) for tree.expand_topk, step taking the shared carry and the
         level: the drafter's layer calls happen inside the levels, so that levels an early stop
         never reaches cost nothing."""
@@ -322,23 +330,59 @@ class FeatureDrafter(nnx.Module):
 class EagleDrafter(FeatureDrafter):
     """EAGLE-style feature drafter: every tree node is one layer call on
     fuse(parent's predicted feature, embedding of the node's token), attending to the committed
-    cache and to the node's ancestors (each frontier slot carries its ancestors' keys/values)."""
+    cache and to the node's ancestors.
 
-    def _expansion(self, state, parts, ctx, root_emb, depth, sampling):
+    Where the CPU attention kernel runs (specjax.attention.cpu_kernel_ok), each level writes its
+    W frontier keys into the drafter's cache past the context (level d at lengths + d * W + w,
+    room the cache was given by tree_keys_in_cache) and its queries attend through the kernel with
+    a mask of their ancestors' slots: one custom call a level over the visible context, where
+    XLA's attention scores every cache position and costs ~15 us a level even at stories260K's
+    size. Elsewhere each frontier slot carries its ancestors' keys and values and attends to them
+    next to the committed cache (attend_context_and_extra). The two are the same attention over
+    the same keys (summed in another order)."""
+
+    def tree_keys_in_cache(self, config: SpecConfig) -> int:
+        _, depth, topk = tree_budget(config.tree)
+        return depth * topk if self._kernel_levels(config.attn_impl, topk) else 0
+
+    def _kernel_levels(self, attn_impl: str, width: int) -> bool:
+        cfg = self.net.config.target
+        return cpu_kernel_ok(resolve_impl(attn_impl, cfg.head_dim), width, jnp.float32)
+
+    def _expansion(self, state, parts, ctx, root_emb, sampling, config: SpecConfig):
         net, cache = self.net, state.cache
         cfg = net.config.target
         b = ctx.root.shape[0]
         s = cache.max_len
         vocab = net.draft_vocab[...]
+        _, depth, topk = tree_budget(config.tree)
 
-        def step(st, tokens, calls, level):  # leaves [B, W, ...], tokens [B, W] (draft ids)
-            del level
+        def inputs(st, tokens):
             d = st["depth"]  # [B, W]: every frontier slot of a level has the same depth
             emb = jnp.where(
                 (d == 0)[..., None], root_emb[:, None], jnp.take(parts.embed, vocab[tokens], 0)
             )
-            x = net.fuse(st["feat"], emb)
-            pos = cache.lengths[:, None] + d
+            return d, emb, net.fuse(st["feat"], emb), cache.lengths[:, None] + d
+
+        def in_cache(st, tokens, shared, level):  # leaves [B, W, ...], tokens [B, W] (draft ids)
+            calls, k_cache, v_cache = shared
+            d, emb, x, pos = inputs(st, tokens)
+            w = tokens.shape[1]
+            q, k, v = net.qkv(x, pos)
+            start = cache.lengths + level * w
+            k_cache, v_cache = write_block(k_cache, k, start), write_block(v_cache, v, start)
+            slots = jnp.arange(depth * w)[None, None, :]
+            own = slots == (level * w + jnp.arange(w))[None, :, None]  # [1, W, depth * W]
+            sees = st["sees"] | own
+            attn = attend(q, k_cache, v_cache, cache.lengths, sees, "cpu")
+            out = net.finish(x, attn)
+            logp = self._draft_logp(net.logits(parts, out, emb), sampling)
+            child = {"feat": out, "sees": sees, "depth": d + 1}
+            return logp, child, (calls + 1, k_cache, v_cache)
+
+        def carried(st, tokens, calls, level):
+            del level
+            d, emb, x, pos = inputs(st, tokens)
             ctx_mask = jnp.broadcast_to(
                 jnp.arange(s)[None, None, :] < cache.lengths[:, None, None], d.shape + (s,)
             )
@@ -356,16 +400,20 @@ class EagleDrafter(FeatureDrafter):
             }
             return logp, child, calls + 1  # one (frontier-wide) layer call per level
 
+        root_state = {"feat": state.last_feature, "depth": jnp.zeros((b,), jnp.int32)}
+        calls = jnp.zeros((b,), jnp.int32)
+        if self._kernel_levels(config.attn_impl, topk):
+            root_state["sees"] = jnp.zeros((b, depth * topk), bool)
+            return in_cache, root_state, (calls, cache.k[0], cache.v[0])
         kv = jnp.zeros((b, depth, cfg.n_kv_heads, cfg.head_dim), jnp.float32)
-        root_state = {
-            "feat": state.last_feature,
-            "hk": kv,
-            "hv": kv,
-            "depth": jnp.zeros((b,), jnp.int32),
-        }
-        return step, root_state, jnp.zeros((b,), jnp.int32)
+        root_state.update(hk=kv, hv=kv)
+        return carried, root_state, calls
 
     def _after_expansion(self, state, shared):
+        if isinstance(shared, tuple):  # the levels wrote their keys into the cache
+            calls, k_cache, v_cache = shared
+            state = state.replace(cache=state.cache.replace(k=k_cache[None], v=v_cache[None]))
+            return state, jnp.zeros((calls.shape[0], 0), bool), calls
         return state, jnp.zeros((shared.shape[0], 0), bool), shared
 
 
@@ -472,7 +520,7 @@ class HiddenStateDrafter(FeatureDrafter):
         x = self.net.fuse(state.last_feature, root_emb)
         return self._chain_slot(state, chain, x, 0, first=True)
 
-    def _expansion(self, state, parts, ctx, root_emb, depth, sampling):
+    def _expansion(self, state, parts, ctx, root_emb, sampling, config: SpecConfig):
         net = self.net
         vocab = net.draft_vocab[...]
         # The carried hidden states before any recomputation, and the slots recomputed although
