@@ -2,8 +2,11 @@
 and methods (the shipped drafters included). experiments/bench.py runs them, and `specjax bench`
 reads this file from a repository checkout (specjax.bench.load_suites).
 
-Sized for one reproducible CPU run of all suites in under 30 minutes (2 cores), transformers peer
-included; pass --n-prompts / --max-new-tokens / --datasets for larger runs.
+Sized for one reproducible CPU run of all suites at T=0 in under an hour (2 cores), transformers
+peer included; pass --n-prompts / --max-new-tokens / --datasets for other runs. SmolLM2 answers
+MT-bench turns with up to 256 new tokens, most of an answer's length: over 64 tokens each
+call's prefill, paid alike by every method, held the ratios down (1.29x against 1.73x for the
+same default call on one host, experiments/results/bench_epyc_zen4.md and _256.md).
 """
 
 from __future__ import annotations
@@ -53,7 +56,7 @@ SUITES = {
         name="SmolLM2-135M-Instruct",
         model=SMOLLM2,
         kind="chat",
-        datasets=(Dataset.named("mt_bench", 8, 64),),
+        datasets=(Dataset.named("mt_bench", 8, 256),),
         # Every drafter specjax has for this target with the default call (SpecConfig.auto():
         # the tree chosen from measured costs), self-drafting with its first 8 of 30 layers (no
         # smaller model shares its vocabulary in the shared folder) and the two trained feature
