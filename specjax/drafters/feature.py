@@ -50,7 +50,8 @@ class TargetHead(nnx.Variable):
 
 @flax.struct.dataclass
 class FeatureDrafterState:
-    """cache: the drafter's one-layer KV cache [1, B, S, K, D], lengths = the target's.
+    """cache: the drafter's one-layer KV cache [1, B, S, K, D], lengths = the target's (S the
+    target's cache length plus the room its tree levels' keys take, tree_keys_in_cache).
     last_feature [B, M]: the feature the drafter read at position lengths - 1 (the target's
     last hidden state, with the fused lower layers when the drafter fuses some); last_token [B]:
     the token at that position (the root's parent, injected by mdc drafters with path_tokens 2).
