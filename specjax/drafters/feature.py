@@ -344,11 +344,8 @@ class EagleDrafter(FeatureDrafter):
 
     def tree_keys_in_cache(self, config: SpecConfig) -> int:
         _, depth, topk = tree_budget(config.tree)
-        return depth * topk if self._kernel_levels(config.attn_impl, topk) else 0
-
-    def _kernel_levels(self, attn_impl: str, width: int) -> bool:
-        cfg = self.net.config.target
-        return cpu_kernel_ok(resolve_impl(attn_impl, cfg.head_dim), width, jnp.float32)
+        impl = resolve_impl(config.attn_impl, self.net.config.target.head_dim)
+        return depth * topk if cpu_kernel_ok(impl, topk, jnp.float32) else 0
 
     def _expansion(self, state, parts, ctx, root_emb, sampling, config: SpecConfig):
         net, cache = self.net, state.cache
@@ -357,6 +354,7 @@ class EagleDrafter(FeatureDrafter):
         s = cache.max_len
         vocab = net.draft_vocab[...]
         _, depth, topk = tree_budget(config.tree)
+        room = self.tree_keys_in_cache(config)  # > 0: the levels' keys go into the cache
 
         def inputs(st, tokens):
             d = st["depth"]  # [B, W]: every frontier slot of a level has the same depth
@@ -368,12 +366,11 @@ class EagleDrafter(FeatureDrafter):
         def in_cache(st, tokens, shared, level):  # leaves [B, W, ...], tokens [B, W] (draft ids)
             calls, k_cache, v_cache = shared
             d, emb, x, pos = inputs(st, tokens)
-            w = tokens.shape[1]
             q, k, v = net.qkv(x, pos)
-            start = cache.lengths + level * w
+            start = cache.lengths + level * topk  # the W = topk frontier slots of this level
             k_cache, v_cache = write_block(k_cache, k, start), write_block(v_cache, v, start)
-            slots = jnp.arange(depth * w)[None, None, :]
-            own = slots == (level * w + jnp.arange(w))[None, :, None]  # [1, W, depth * W]
+            slots = jnp.arange(room)[None, None, :]
+            own = slots == (level * topk + jnp.arange(topk))[None, :, None]  # [1, W, depth * W]
             sees = st["sees"] | own
             attn = attend(q, k_cache, v_cache, cache.lengths, sees, "cpu")
             out = net.finish(x, attn)
@@ -403,8 +400,8 @@ class EagleDrafter(FeatureDrafter):
 
         root_state = {"feat": state.last_feature, "depth": jnp.zeros((b,), jnp.int32)}
         calls = jnp.zeros((b,), jnp.int32)
-        if self._kernel_levels(config.attn_impl, topk):
-            root_state["sees"] = jnp.zeros((b, depth * topk), bool)
+        if room:
+            root_state["sees"] = jnp.zeros((b, room), bool)
             return in_cache, root_state, (calls, cache.k[0], cache.v[0])
         kv = jnp.zeros((b, depth, cfg.n_kv_heads, cfg.head_dim), jnp.float32)
         root_state.update(hk=kv, hv=kv)
