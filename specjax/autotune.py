@@ -68,6 +68,13 @@ COST_NEW_TOKENS = 4  # max_new_tokens of the speculative states steps are timed 
 # instead of 3 (~1.6 s more on a first call) steadies one cost file's ratios. It does not make
 # two cost files of one process agree (NOTES.md, "Eighteenth session").
 CANDIDATE_ROUNDS = 5
+# Confirmation of the trees a choice hinges on (timed_steps' confirm): up to this many more
+# measurements, while a tree has one reading or two further apart than CONFIRM_SPREAD. Back to
+# back, one tree's readings spread ~4-8% on a 2-core AMD EPYC (SmolLM2); a slow spell of
+# plain decoding once read a tree 17% below every other reading of it (NOTES.md,
+# "Forty-sixth session").
+CONFIRM_PASSES = 2
+CONFIRM_SPREAD = 0.1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -772,29 +779,38 @@ class CandidateSteps:
     decide the choice are taken under the same conditions. Each tree's step runs in a jitted
     loop sized to ~call_s, and so is plain decoding (plain_decoding_step).
 
-    known: {tree: step / plain-token ratio} timed before at this drafter, batch and context
-    (timed_steps' ledger): those trees are not compiled or timed again, and their ratios are
-    reported at this measurement's plain-token seconds."""
+    readings: {tree: [step / plain-token ratio, ...]} timed before at this drafter, batch and
+    context (timed_steps' ledger). A tree there is not compiled or timed again unless asked
+    for `again` (a confirmation), and its ratio is the median of its readings
+    (settled_ratio), reported at this measurement's plain-token seconds."""
 
     def __init__(self, target, drafter, *, batch: int = 1, context: int = DEFAULT_CONTEXT,
                  call_s: float = 0.2, progress: Callable[[str], None] | None = None,
-                 known: dict | None = None, known_ar: float = 0.0):  # fmt: skip
+                 readings: dict | None = None, known_ar: float = 0.0):  # fmt: skip
         self.target, self.drafter = target, drafter
         self.batch, self.context, self.call_s = batch, context, call_s
         self.say = progress or (lambda message: None)
-        self.known, self.known_ar = dict(known or {}), known_ar
+        self.readings = {tree: list(r) for tree, r in (readings or {}).items()}
+        self.known_ar = known_ar
         self.trees: list = []  # every tree asked for, in order
-        self.loops: dict = {}  # tree -> TimedLoop of its whole step (the trees not known)
+        self.loops: dict = {}  # tree -> TimedLoop of its whole step (compiled in this process)
+        self.pending: list = []  # trees to time at the next measure
+        self.timed_any = False
 
-    def add(self, tree) -> float:
+    def add(self, tree, again: bool = False) -> float:
         """Ask for `tree`'s step: its seconds per step, from the ledger when known, else from
-        one sized call of its newly compiled step."""
+        one sized call of its newly compiled step. again: time it at the next measure even if
+        the ledger knows it (its new reading joins the others)."""
         from specjax.config import SpecConfig
 
         if tree not in self.trees:
             self.trees.append(tree)
-        if tree in self.known:
-            return self.known[tree] * self.known_ar
+        if tree in self.readings and not again:
+            return settled_ratio(self.readings[tree]) * self.known_ar
+        if tree not in self.pending:
+            self.pending.append(tree)
+        if tree in self.loops and tree in self.readings:  # compiled and timed in this process
+            return settled_ratio(self.readings[tree]) * self.known_ar
         if tree not in self.loops:
             self.say(f"timing candidate steps: {len(self.loops) + 1}")
             body, params, state = _step_body(
@@ -806,28 +822,43 @@ class CandidateSteps:
 
     def measure(self, rounds: int = CANDIDATE_ROUNDS) -> tuple[float, dict]:
         """(seconds per autoregressive token, {tree: step / plain-token ratio}) for every tree
-        asked for: the new ones from `rounds` interleaved rounds (see paired_medians), the known
-        ones from the ledger. Nothing new: the ledger's plain-token seconds, nothing timed."""
-        if not self.loops:
-            return self.known_ar, {tree: self.known[tree] for tree in self.trees}
-        new_ar, seconds = self._time_new(rounds)
-        ratios = {tree: self.known[tree] if tree in self.known else seconds[tree] / new_ar
-                  for tree in self.trees}  # fmt: skip
-        return new_ar, ratios
+        asked for: the pending ones timed in `rounds` interleaved rounds (see paired_medians),
+        each new reading added to the tree's readings, and every ratio the median of its
+        readings. Nothing pending: the last plain-token seconds, nothing timed."""
+        if self.pending:
+            ar, seconds = self._time_pending(rounds)
+            for tree, s in seconds.items():
+                self.readings.setdefault(tree, []).append(s / ar)
+            self.known_ar, self.pending, self.timed_any = ar, [], True
+        return self.known_ar, {tree: settled_ratio(self.readings[tree]) for tree in self.trees}
 
-    def _time_new(self, rounds: int) -> tuple[float, dict]:
-        """paired_medians of plain decoding and the trees not known, in `rounds` rounds."""
+    def _time_pending(self, rounds: int) -> tuple[float, dict]:
+        """paired_medians of plain decoding and the pending trees, in `rounds` rounds."""
         body, params, state = plain_decoding_step(
             self.target, batch=self.batch, context=self.context
         )
         plain = sized_loop(body, params, state, self.call_s)
-        ar_times, step_times = [], {tree: [] for tree in self.loops}
+        ar_times, step_times = [], {tree: [] for tree in self.pending}
         for r in range(rounds):
             self.say(f"timing candidate steps against plain decoding: round {r + 1}/{rounds}")
             ar_times.append(plain.per_iteration())
             for tree, times in step_times.items():
                 times.append(self.loops[tree].per_iteration())
         return paired_medians(ar_times, step_times)
+
+
+def settled_ratio(readings: Sequence[float]) -> float:
+    """A tree's step / plain-token ratio from its readings (each the median of one
+    measurement's paired rounds): their median, the mean of two."""
+    return float(np.median(readings))
+
+
+def unsettled(readings: Sequence[float]) -> bool:
+    """Whether a tree's readings call for another: a single one, or two that disagree by more
+    than CONFIRM_SPREAD (a third then decides through the median)."""
+    if len(readings) == 1:
+        return True
+    return len(readings) == 2 and max(readings) > (1.0 + CONFIRM_SPREAD) * min(readings)
 
 
 def paired_medians(ar_times: Sequence[float], step_times: dict) -> tuple[float, dict]:
@@ -962,6 +993,7 @@ def timed_steps(
     drafter,
     select: Callable[[CandidateSteps], None],
     *,
+    confirm: Callable[[float, dict], Sequence] | None = None,
     batch: int = 1,
     context: int = DEFAULT_CONTEXT,
     folder: str | Path | None = None,
@@ -969,41 +1001,62 @@ def timed_steps(
     progress: Callable[[str], None] | None = _print_progress,
 ) -> tuple[float, dict]:
     """(seconds per autoregressive token, {tree: seconds per step}) for the trees `select`
-    asks a CandidateSteps for. Every tree's step / plain-token ratio is kept in one ledger on
-    disk per drafter, batch and context, and a tree in it is not timed again: calls whose
-    acceptance shift or cache length differ then weigh the same trees at the same ratios.
-    Why: within one process, cost sets timed minutes apart put plain decoding at 50-83 ms and
-    the same trees' ratios 15% apart, so neighbouring calls chose from timings that disagreed
-    (NOTES.md, "Eighteenth session"). The seconds returned are the ratios at the plain-token
-    seconds of the ledger's latest timing."""
+    asks a CandidateSteps for. Every tree's readings of its step / plain-token ratio are kept
+    in one ledger on disk per drafter, batch and context, and a tree in it is not timed again:
+    calls whose acceptance shift or cache length differ then weigh the same trees at the same
+    ratios. Why: within one process, cost sets timed minutes apart put plain decoding at 50-83
+    ms and the same trees' ratios 15% apart, so neighbouring calls chose from timings that
+    disagreed (NOTES.md, "Eighteenth session").
+
+    confirm(seconds per autoregressive token, {tree: seconds per step}) names the trees the
+    choice hinges on (the best predicted few); those whose readings are unsettled (one reading,
+    or two far apart) are timed again, up to CONFIRM_PASSES times. Why: the choice takes the
+    best of many noisy readings, so a tree read low by a slow spell of plain decoding wins and
+    over-promises (SmolLM2's mdc: one reading of 0.83 plain tokens a step, ~1.0 in every
+    other, made a tree predicted at 1.88x that measured 1.41x; NOTES.md, "Forty-sixth
+    session"). The seconds returned are the ratios at the plain-token seconds of the ledger's
+    latest timing."""
     from specjax.config import TreeConfig
 
     folder = Path(folder) if folder is not None else cache_dir()
     key = drafter_key(target, drafter, batch=batch, context=context)
     path = _cache_file(key, folder, "steps")
-    known, known_ar = {}, 0.0
+    readings, known_ar = {}, 0.0
     if path.exists() and not refresh:
         try:
             data = json.loads(path.read_text())
             if data["key"] == key and data["version"] == FORMAT_VERSION:
                 trees = [TreeConfig(branching=tuple(t["branching"]), budget=int(t["budget"]))
                          for t in data["trees"]]  # fmt: skip
-                known = dict(zip(trees, map(float, data["ratios"]), strict=True))
+                # Ledgers written before readings were kept hold one ratio a tree.
+                kept = data.get("readings") or [[r] for r in data["ratios"]]
+                readings = {t: [float(x) for x in r] for t, r in zip(trees, kept, strict=True)}
                 known_ar = float(data["ar_token"])
         except (ValueError, KeyError, TypeError):
-            known, known_ar = {}, 0.0
+            readings, known_ar = {}, 0.0
     steps = CandidateSteps(target, drafter, batch=batch, context=context, progress=progress,
-                           known=known, known_ar=known_ar)  # fmt: skip
+                           readings=readings, known_ar=known_ar)  # fmt: skip
     select(steps)
     ar, ratios = steps.measure()
-    if steps.loops:  # something new was timed: the ledger grows
-        ledger = {**known, **ratios}
+    for _ in range(CONFIRM_PASSES if confirm is not None else 0):
+        seconds = {tree: ratio * ar for tree, ratio in ratios.items()}
+        again = [t for t in confirm(ar, seconds) if t in ratios and unsettled(steps.readings[t])]
+        if not again:
+            break
+        if progress is not None:
+            progress(f"confirming {len(again)} candidate step(s)")
+        for tree in again:
+            steps.add(tree, again=True)
+        ar, ratios = steps.measure()
+    if steps.timed_any:  # something was timed: the ledger grows
+        ledger = steps.readings
         data = {
             "version": FORMAT_VERSION,
             "key": key,
             "ar_token": ar,
             "trees": [dataclasses.asdict(t) for t in ledger],
-            "ratios": list(ledger.values()),
+            "ratios": [settled_ratio(r) for r in ledger.values()],
+            "readings": list(ledger.values()),
         }
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(data, indent=2) + "\n")

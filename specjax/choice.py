@@ -71,6 +71,9 @@ MIN_COST_CONTEXT = 64
 
 # The best candidates a Choice keeps (specjax.programs may run one already compiled instead).
 ALTERNATIVES = 16
+# The best timed trees whose steps are confirmed by further readings before the choice
+# (autotune.timed_steps' confirm): the winner and its closest rival.
+CONFIRM_TOP = 2
 
 # Choices made in this process, by (target, drafter, batch, mode, room, context, AutoSpecConfig): a
 # repeated call skips the fingerprints and file reads.
@@ -571,8 +574,17 @@ def resolve_auto(
                                rule=auto.rule, count=auto.timed_candidates,
                                timed_nodes_only=True)  # fmt: skip
 
-        measured = timed_steps(target, drafter, select, batch=batch, context=context,
-                               progress=progress)  # fmt: skip
+        taus = {}
+        for _, tree, tau, _ in rank(profiles, verify, draft, max_nodes=max_nodes, room=room,
+                                    rule=auto.rule, timed_nodes_only=True):  # fmt: skip
+            taus.setdefault(tree, tau)
+
+        def confirm(t_ar, seconds):  # the trees the choice hinges on: the best predicted few
+            rated = sorted((t for t in seconds if t in taus), key=lambda t: -taus[t] / seconds[t])
+            return rated[:CONFIRM_TOP]
+
+        measured = timed_steps(target, drafter, select, confirm=confirm, batch=batch,
+                               context=context, progress=progress)  # fmt: skip
     choice = choose(
         profiles, verify, draft, max_nodes=max_nodes, room=room, rule=auto.rule,
         attn_impl=auto.attn_impl, allow_autoregressive=auto.allow_autoregressive,

@@ -421,3 +421,63 @@ def test_timed_steps_keep_one_ledger_per_drafter_batch_and_context(
     # Another context keeps its own ledger.
     autotune.timed_steps(tiny_target, tiny_target, asking(a), **{**kw, "context": 32})
     assert a in timed
+
+
+def test_timed_steps_confirm_the_trees_a_choice_hinges_on(tiny_target, tmp_path, monkeypatch):
+    """confirm names trees; those with one reading are timed again, and a tree whose two
+    readings disagree by more than CONFIRM_SPREAD a third time, its ratio then the median. A
+    tree confirmed once keeps its readings in the ledger and is not timed again; trees confirm
+    does not name keep their single reading. A ledger of one ratio a tree is still read."""
+    from specjax.config import TreeConfig
+
+    a, b, c = (TreeConfig.dynamic(n, 2, 4) for n in (3, 5, 7))
+    # Each tree's successive readings (step seconds against plain decoding's 0.1 s).
+    script = {a: [0.2, 0.21], b: [0.05, 0.15, 0.16], c: [0.3]}
+    timed = []
+
+    class FakeLoop:
+        def __init__(self, what):
+            self.what, self.calls = what, 0
+
+        def per_iteration(self):
+            if self.what == ("plain",):
+                return 0.1
+            timed.append(self.what)
+            # One compile-time estimate, then one value per measurement (rounds=1 below).
+            value = script[self.what][max(self.calls - 1, 0)]
+            self.calls += 1
+            return value
+
+    monkeypatch.setattr(autotune, "CANDIDATE_ROUNDS", 1)
+    monkeypatch.setattr(autotune.CandidateSteps.measure, "__defaults__", (1,))
+    monkeypatch.setattr(autotune, "sized_loop", lambda body, params, init, call_s: FakeLoop(body))
+    monkeypatch.setattr(autotune, "plain_decoding_step", lambda *a, **k: (("plain",), None, None))
+    monkeypatch.setattr(autotune, "_step_body", lambda t, d, config, **k: (config.tree, None, None))
+    asked = []
+
+    def confirm(t_ar, seconds):
+        asked.append(dict(seconds))
+        return [a, b]  # c is never named
+
+    kw = dict(batch=1, context=16, folder=tmp_path, progress=None)
+    select = lambda steps: [steps.add(t) for t in (a, b, c)]  # noqa: E731
+    ar, seconds = autotune.timed_steps(tiny_target, tiny_target, select, confirm=confirm, **kw)
+    # First measurement: b read 0.5 plain tokens a step; confirmed at 1.5 (3x apart), so a
+    # third reading (1.6) settles it at the median; a's two readings agree within 10%.
+    assert asked[0][b] / ar == pytest.approx(0.5)
+    assert seconds[a] / ar == pytest.approx(2.05)
+    assert seconds[b] / ar == pytest.approx(1.5)
+    assert seconds[c] / ar == pytest.approx(3.0)
+    assert len(asked) == autotune.CONFIRM_PASSES == 2  # one ask before each pass
+    data = json.loads(next(tmp_path.rglob("steps-*.json")).read_text())
+    assert sorted(map(len, data["readings"])) == [1, 2, 3]
+    # Every named tree is settled now: nothing is timed again, plain decoding included.
+    timed.clear()
+    ar, seconds = autotune.timed_steps(tiny_target, tiny_target, select, confirm=confirm, **kw)
+    assert not timed and seconds[b] / ar == pytest.approx(1.5)
+    # A ledger written before readings were kept (one ratio a tree) is read as one reading.
+    path = next(tmp_path.rglob("steps-*.json"))
+    old = {k: v for k, v in data.items() if k != "readings"}
+    path.write_text(json.dumps(old))
+    _, seconds = autotune.timed_steps(tiny_target, tiny_target, select, **kw)
+    assert not timed and seconds[b] / ar == pytest.approx(1.5)
