@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import time
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -176,15 +177,21 @@ def _autoregressive(target, prompts, choice, attn_impl, *, max_new_tokens, sampl
         target, prompts, max_new_tokens=max_new_tokens, sampling=sampling, key=key,
         eos_id=eos_id, attn_impl=attn_impl,
     )  # fmt: skip
-    calls = jnp.maximum(out.lengths - 1, 0)
-    stats = {
+    return out.replace(stats={**_plain_stats(out.lengths), **choice.stats()})
+
+
+@jax.jit
+def _plain_stats(lengths: jax.Array) -> dict:
+    """The speculative stats of a plain decoding of rows of `lengths` [B] tokens. One compiled
+    call: the same five ops run eagerly cost ~0.35 ms (a stories260K call of 128 tokens is ~13
+    ms on a 2-core CPU)."""
+    calls = jnp.maximum(lengths - 1, 0)
+    return {
         "target_calls": calls,
         "accepted_hist": calls[:, None],
         "tau": jnp.ones(calls.shape, jnp.float32),
         "nonfinite_logits": jnp.zeros(calls.shape, jnp.int32),
-        **choice.stats(),
     }
-    return out.replace(stats=stats)
 
 
 def _check_call(target, drafter, prompts, sampling, max_new_tokens, eos_id, extra_slots):
