@@ -169,7 +169,7 @@ def test_older_calls_weigh_less_and_plain_calls_age_them():
     p, tree = chain_profile(), TreeConfig.chain(3)
     key = ("t", "d", "greedy")
     hist = np.zeros((1, 4), np.int64)
-    hist[0, 0] = 200  # 200 steps, nothing accepted
+    hist[0, 0] = 8 * adaptation.PRIOR_STEPS  # steps outweighing the prior, nothing accepted
     adaptation.record(key, None, None, (p,), tree, {"accepted_hist": hist})
     low = adaptation.current_shift(key)
     assert low <= 0.2
