@@ -805,11 +805,10 @@ class CandidateSteps:
 
         if tree not in self.trees:
             self.trees.append(tree)
-        if tree in self.readings and not again:
-            return settled_ratio(self.readings[tree]) * self.known_ar
-        if tree not in self.pending:
+        if (again or tree not in self.readings) and tree not in self.pending:
             self.pending.append(tree)
-        if tree in self.loops and tree in self.readings:  # compiled and timed in this process
+        # Known, and either not to be timed again or already compiled in this process.
+        if tree in self.readings and (not again or tree in self.loops):
             return settled_ratio(self.readings[tree]) * self.known_ar
         if tree not in self.loops:
             self.say(f"timing candidate steps: {len(self.loops) + 1}")
