@@ -67,17 +67,25 @@ def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str:
     with ", AMX" where it has Intel's bfloat16 matrix units (from cpuinfo on Linux, else what
     platform reports). Why the instructions: machines that report the same name differ in them,
     and with them in the cost of a few-row product; AMX makes bfloat16 products ~4-5x faster
-    than float32 ones (drafter training: TrainConfig.products)."""
-    name, flags = None, set()
+    than float32 ones (drafter training: TrainConfig.products). A name without a model number
+    (virtual machines often report just "AMD EPYC") gets the CPU family and model numbers,
+    e.g. "AMD EPYC family 25 model 17", which tell the generations apart."""
+    name, flags, ids = None, set(), {}
     try:
         for line in open(cpuinfo, encoding="utf-8"):
-            if line.startswith("model name") and name is None:
-                name = line.split(":", 1)[1].strip()
-            elif line.startswith("flags") and not flags:
-                flags = set(line.split(":", 1)[1].split())
+            key, _, value = line.partition(":")
+            key, value = key.strip(), value.strip()
+            if key == "model name" and name is None:
+                name = value
+            elif key in ("cpu family", "model") and key not in ids:
+                ids[key] = value
+            elif key == "flags" and not flags:
+                flags = set(value.split())
     except OSError:
         pass
     name = name or platform.processor() or "unknown"
+    if not any(c.isdigit() for c in name) and len(ids) == 2:
+        name += f" family {ids['cpu family']} model {ids['model']}"
     isa = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else None
     if isa and has_amx(cpuinfo):  # the one place that knows AMX's flag
         isa += ", AMX"

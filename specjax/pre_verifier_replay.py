@@ -83,18 +83,33 @@ def simulate(
     t_draft: Callable[[int], float],
     buckets: tuple[int, ...] | None = None,
     base: tuple[int, int, int] | None = None,
+    oracle: bool = False,
+    by_cost: bool = False,
+    node_probs: np.ndarray | None = None,
 ) -> Simulated:
-    """Pruning at `threshold` replayed on greedy records (pv None: no pruning). t_verify(n):
+    """Pruning at `threshold` replayed on greedy records (pv and node_probs None: no pruning).
+    t_verify(n):
     seconds for the target over n nodes; t_draft(d): seconds to draft d levels (with a
     pre-verifier a feature drafter stops one level below its deepest kept node). base: prune a
     smaller fixed dynamic(nodes, depth, topk) tree instead of the recorded one (its nodes from
-    fixed_subtree, its default buckets)."""
+    fixed_subtree, its default buckets). oracle (pv None): a perfect pre-verifier, which keeps
+    exactly the nodes the target accepts: the tree's tau at the smallest bucket and the fewest
+    levels any pruning of it can reach, so the most tokens per second a pre-verifier could
+    give this tree under these costs. by_cost (with pv): after the threshold, verify the bucket
+    that maximizes expected tokens / t_verify(bucket), keeping the most probable nodes (the
+    engine's specjax.pre_verify.bucket_by_cost at batch 1); drafting still stops where the
+    threshold pruned. node_probs [sum of the records' N]: P(accepted | parent accepted) of every
+    recorded node, records in order, used instead of pv's (a hypothetical discriminator)."""
+    if oracle and (pv is not None or node_probs is not None):
+        raise ValueError("simulate: oracle replaces the pre-verifier; pass pv=None")
+    probs = node_probs
+    if probs is None and pv is not None:
+        probs = predict(pv, np.concatenate([r.node_stats for r in records]))
+    if by_cost and probs is None:
+        raise ValueError("simulate: by_cost needs a pre-verifier's path probabilities")
     n_nodes = len(records[0].parents) if base is None else base[0] + 1
     buckets = buckets or default_buckets(n_nodes)
     tokens = kept_total = bucket_total = depth_total = seconds = 0.0
-    probs = None
-    if pv is not None:
-        probs = predict(pv, np.concatenate([r.node_stats for r in records]))
     full_depth = max(int(r.node_stats[r.valid, 5].max(initial=1)) for r in records)
     if base is not None:
         full_depth = min(full_depth, base[1])
@@ -103,11 +118,18 @@ def simulate(
         n = len(r.parents)
         depth = r.node_stats[:, 5].astype(int)
         keep = r.valid.copy() if base is None else fixed_subtree(r, *base)
-        if pv is not None:
+        if probs is not None:
             pi = path_probability(probs[offset : offset + n], r.parents)
             keep &= pi >= threshold
+        if oracle:
+            on_path = np.zeros(n, bool)
+            on_path[r.path] = True
+            keep &= on_path
         offset += n
         keep[0] = True
+        drafted = keep.copy()
+        if by_cost:
+            keep = _cheapest_bucket(keep, pi, buckets, t_verify)
         accepted = 0
         for node in r.path:
             if not keep[node]:
@@ -115,7 +137,8 @@ def simulate(
             accepted += 1
         n_kept = int(keep.sum())
         bucket = min(b for b in buckets if b >= n_kept)
-        levels = full_depth if pv is None else min(int(depth[keep].max()) + 1, full_depth)
+        pruned = probs is not None or oracle
+        levels = min(int(depth[drafted].max()) + 1, full_depth) if pruned else full_depth
         tokens += accepted + 1
         kept_total += n_kept - 1
         bucket_total += bucket
@@ -130,6 +153,31 @@ def simulate(
         depth=depth_total / k,
         seconds=seconds / k,
     )
+
+
+def _cheapest_bucket(keep, pi, buckets, t_verify) -> np.ndarray:
+    """[N] keep cut to the n - 1 most probable kept nodes (and the root), n the bucket with the
+    most expected tokens (1 + their path probabilities) per second of verification."""
+    prob = np.where(keep & (np.arange(len(keep)) > 0), pi, 0.0)
+    order = np.argsort(-prob, kind="stable")  # ties: the lower index, a parent before its child
+    expected = 1.0 + np.concatenate([[0.0], np.cumsum(prob[order])])
+    best = max(buckets, key=lambda b: expected[min(b, len(keep)) - 1] / t_verify(b))
+    cut = np.zeros(len(keep), bool)
+    cut[0] = True
+    cut[order[: best - 1]] = True
+    return keep & cut
+
+
+def simulate_oracle(
+    records: list[StepRecord],
+    tree: tuple[int, int, int] | None = None,
+    *,
+    t_verify: Callable[[int], float],
+    t_draft: Callable[[int], float],
+) -> Simulated:
+    """A perfect pre-verifier replayed on the recorded tree (tree None) or on a fixed
+    dynamic(nodes, depth, topk) subtree of it: see simulate(oracle=True)."""
+    return simulate(None, records, 0.0, t_verify=t_verify, t_draft=t_draft, base=tree, oracle=True)
 
 
 def fixed_subtree(record: StepRecord, nodes: int, depth: int, topk: int) -> np.ndarray:

@@ -86,6 +86,18 @@ def test_cpu_model_names_the_widest_vector_instructions(tmp_path, flags, expecte
     assert cpu_model(str(info)) == expected
 
 
+def test_cpu_model_numbers_a_name_without_a_model_number(tmp_path):
+    from specjax.benchmark import cpu_model
+
+    info = tmp_path / "cpuinfo"
+    core = "cpu family\t: {f}\nmodel\t\t: {m}\nmodel name\t: {name}\nflags\t\t: avx2\n\n"
+    info.write_text(core.format(f=25, m=17, name="AMD EPYC") * 2)
+    assert cpu_model(str(info)) == "AMD EPYC family 25 model 17 (AVX2)"
+    xeon = "Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz"
+    info.write_text(core.format(f=6, m=143, name=xeon))
+    assert cpu_model(str(info)) == f"{xeon} (AVX2)"
+
+
 def test_parse_method():
     m = bench.parse_method("self:8@6,2,3")
     assert (m.kind, m.drafter, m.tree, m.rule) == (

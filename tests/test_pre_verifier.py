@@ -7,6 +7,8 @@ layer is scaled up so that their predictions spread over (0, 1) and a threshold 
 drafts and not others.
 """
 
+import dataclasses
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -403,6 +405,53 @@ def test_fixed_subtree_replay():
     # pruning replayed on the small tree: without a pre-verifier it is the small tree itself
     base = pvr.simulate(None, [rec], 0.0, base=(2, 1, 2), **costs)
     assert base.tau == 2.0 and base.draft_len == 2 and base.bucket == 3 and base.depth == 1
+
+
+def test_oracle_replay_keeps_the_accepted_path_and_bounds_every_threshold():
+    """A perfect pre-verifier keeps the root and the accepted path only: the tree's tau, the
+    smallest bucket holding the path, drafting one level below the path's end; no threshold of a
+    real pre-verifier replays more tokens per second under costs that grow with the nodes."""
+    rng = np.random.default_rng(0)
+    n = 9
+    parents = np.array([-1, 0, 0, 1, 1, 2, 3, 4, 6])
+    depth = np.array([0, 1, 1, 2, 2, 2, 3, 3, 4])
+    records = []
+    for path in ([1, 3, 6, 8], [2], [], [1, 4]):
+        stats = rng.normal(size=(n, len(NODE_STATS))).astype(np.float32)
+        stats[:, 5] = depth
+        records.append(pvr.StepRecord(parents=parents, valid=np.ones(n, bool),
+                                      node_stats=stats, path=np.array(path, int)))  # fmt: skip
+    costs = dict(t_verify=lambda k: 1.0 + 0.1 * k, t_draft=lambda d: 0.2 * d)
+    whole = pvr.simulate(None, records, 0.0, **costs)
+    best = pvr.simulate_oracle(records, **costs)
+    assert best.tau == whole.tau == (5 + 2 + 1 + 3) / 4
+    # paths of 4, 1, 0, 2 nodes (+ root) in buckets (1, 4, 8, 9): 8, 4, 1, 4
+    assert best.bucket == (8 + 4 + 1 + 4) / 4 and best.draft_len == (4 + 1 + 0 + 2) / 4
+    # drafting stops one level below the path's end, at most the tree's depth (4)
+    assert best.depth == (4 + 2 + 1 + 3) / 4
+    pv = random_pre_verifier(0.0)
+    for threshold in pvr.THRESHOLDS:
+        real = pvr.simulate(pv, records, threshold, **costs)
+        assert real.tokens_per_second <= best.tokens_per_second + 1e-12
+    with pytest.raises(ValueError, match="oracle"):
+        pvr.simulate(pv, records, 0.1, oracle=True, **costs)
+    # the cost-aware bucket: free verification keeps every node; a steep cost only the root,
+    # and drafting still runs as deep as the threshold left the tree
+    flat = pvr.simulate(pv, records, 0.0, by_cost=True, t_verify=lambda k: 1.0,
+                        t_draft=lambda d: 0.0)  # fmt: skip
+    assert flat.bucket == n and flat.tau == whole.tau
+    steep = pvr.simulate(pv, records, 0.0, by_cost=True, t_verify=lambda k: float(k) ** 2,
+                         t_draft=lambda d: 0.0)  # fmt: skip
+    assert steep.bucket == 1 and steep.tau == 1.0 and steep.depth == whole.depth
+    # node probabilities given directly: the pre-verifier's own reproduce its replay, and the
+    # labels themselves (1 on the accepted path, 0 elsewhere) are the perfect pre-verifier
+    own = pvr.predict(pv, np.concatenate([r.node_stats for r in records]))
+    assert pvr.simulate(None, records, 0.3, node_probs=own, **costs) == pvr.simulate(
+        pv, records, 0.3, **costs
+    )
+    labels = np.concatenate([np.isin(np.arange(n), r.path) for r in records]).astype(float)
+    perfect = pvr.simulate(None, records, 0.5, node_probs=labels, **costs)
+    assert dataclasses.replace(perfect, threshold=0.0) == best
 
 
 def test_bucket_by_cost_keeps_the_most_probable_nodes_of_the_best_bucket():
