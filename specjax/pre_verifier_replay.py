@@ -35,12 +35,16 @@ FIXED_TREES = ((4, 2, 2), (7, 3, 4), (15, 5, 4))
 
 @dataclasses.dataclass
 class StepRecord:
-    """One live row's step: parents, valid [N], node_stats [N, S], accepted path nodes."""
+    """One live row's step: parents, valid [N], node_stats [N, S], accepted path nodes; with
+    record_steps(with_hidden=True) also tokens [N] and hidden [N, H] (DraftTree.node_hidden,
+    float16), which save_records does not keep."""
 
     parents: np.ndarray
     valid: np.ndarray
     node_stats: np.ndarray
     path: np.ndarray
+    tokens: np.ndarray | None = None
+    hidden: np.ndarray | None = None
 
 
 def predict(pv: PreVerifier, stats: np.ndarray) -> np.ndarray:

@@ -31,6 +31,9 @@ class DraftTree:
     node_stats: [B, N, S] float32 or None  what the drafter knew about each node when it drafted
                                it (NODE_STATS, S = len(NODE_STATS); zeros for the root): the
                                pre-verifier's input (specjax.pre_verify). None: not recorded.
+    node_hidden: [B, N, H] float32 or None  the drafter state the node's draft distribution was
+                               read from (its parent's; zeros for the root), recorded only for
+                               studies of what predicts acceptance (expand_topk's `hidden`).
     """
 
     tokens: jax.Array
@@ -40,6 +43,7 @@ class DraftTree:
     draft_prob: jax.Array
     draft_dist: jax.Array | None = None
     node_stats: jax.Array | None = None
+    node_hidden: jax.Array | None = None
 
     @property
     def num_nodes(self) -> int:
@@ -239,6 +243,7 @@ def expand_topk(
     num_nodes: int,
     stop=None,
     shared=None,
+    hidden=None,
 ):
     """EAGLE-2 style dynamic tree with static shapes.
 
@@ -271,6 +276,10 @@ def expand_topk(
         -inf), and the levels loop (a lax.while_loop) ends when every row has stopped. Whether
         a row stops depends only on the drafter's outputs, never on the target's.
 
+    hidden: None, or hidden(child_states) -> [B, W, H], the state each frontier node's children
+        were read from: then the tree records it per node (DraftTree.node_hidden). Not with
+        `stop` (recording runs without a pre-verifier).
+
     Returns (tree, scores, shared): a DraftTree of num_nodes nodes in level (BFS) order --
     parents before children, siblings in the order of their parents, then by decreasing score --
     with draft_prob = q_parent(token) (exp of the step's log-probability), draft_dist None (the
@@ -285,6 +294,8 @@ def expand_topk(
     n_stats = len(NODE_STATS)
     if w < 1 or k < 1 or depth < 1 or n < 1:
         raise ValueError("expand_topk needs width, topk, depth, num_nodes >= 1")
+    if hidden is not None and stop is not None:
+        raise ValueError("expand_topk records node_hidden only without an early stop")
 
     states = jax.tree.map(lambda x: jnp.broadcast_to(x[:, None], (b, w) + x.shape[1:]), root_state)
     tokens = jnp.broadcast_to(root_tokens[:, None].astype(jnp.int32), (b, w))
@@ -326,7 +337,11 @@ def expand_topk(
             fpi if stop is None else jnp.take_along_axis(c_pi.reshape(b, wk), idx, axis=1),
             shared,
         )
-        return new, (c_tokens, c_scores, c_parent, c_logp, c_stats)
+        out = (c_tokens, c_scores, c_parent, c_logp, c_stats)
+        if hidden is not None:  # every child of a frontier node was read from its state
+            h = hidden(child_states)
+            out += (jnp.broadcast_to(h[:, :, None], (b, w, k, h.shape[-1])).reshape(b, wk, -1),)
+        return new, out
 
     carry = (states, tokens, scores, fpool, fpi, shared)
     if stop is None:
@@ -339,6 +354,7 @@ def expand_topk(
         jnp.moveaxis(x, 0, 1).reshape(b, depth * wk) for x in pool[:4]
     )
     p_stats = jnp.moveaxis(pool[4], 0, 1).reshape(b, depth * wk, n_stats)
+    p_hidden = None if hidden is None else jnp.moveaxis(pool[5], 0, 1).reshape(b, depth * wk, -1)
     m = depth * wk
     p_depth = jnp.broadcast_to(jnp.arange(m, dtype=jnp.int32) // wk + 1, (b, m))
     if n - 1 > m:  # budget larger than the pool: pad with dummies that become invalid slots
@@ -349,6 +365,8 @@ def expand_topk(
         p_logp = jnp.pad(p_logp, ((0, 0), (0, pad)), constant_values=-jnp.inf)
         p_depth = jnp.pad(p_depth, ((0, 0), (0, pad)), constant_values=1)
         p_stats = jnp.pad(p_stats, ((0, 0), (0, pad), (0, 0)))
+        if p_hidden is not None:
+            p_hidden = jnp.pad(p_hidden, ((0, 0), (0, pad), (0, 0)))
         m = n - 1
 
     if n > 1:
@@ -375,11 +393,16 @@ def expand_topk(
         s_prob = jnp.where(s_valid, jnp.exp(jnp.take_along_axis(p_logp, sel, axis=1)), 0.0)
         s_stats = jnp.take_along_axis(p_stats, sel[..., None], axis=1)
         s_stats = jnp.where(s_valid[..., None], s_stats, 0.0)
+        if p_hidden is not None:
+            s_hidden = jnp.take_along_axis(p_hidden, sel[..., None], axis=1)
+            s_hidden = jnp.where(s_valid[..., None], s_hidden, 0.0)
     else:
         s_score = s_prob = jnp.zeros((b, 0), jnp.float32)
         s_parent = s_depth = s_tok = jnp.zeros((b, 0), jnp.int32)
         s_valid = jnp.zeros((b, 0), bool)
         s_stats = jnp.zeros((b, 0, n_stats), jnp.float32)
+        if p_hidden is not None:
+            s_hidden = p_hidden[:, :0]
 
     def with_root(root_value, rest):
         return jnp.concatenate([jnp.full((b, 1), root_value, rest.dtype), rest], axis=1)
@@ -392,6 +415,11 @@ def expand_topk(
         draft_prob=with_root(1.0, s_prob.astype(jnp.float32)),
         draft_dist=None,
         node_stats=jnp.concatenate([jnp.zeros((b, 1, n_stats), jnp.float32), s_stats], axis=1),
+        node_hidden=None
+        if p_hidden is None
+        else jnp.concatenate([jnp.zeros_like(s_hidden[:, :1]), s_hidden], axis=1).astype(
+            jnp.float32
+        ),
     )
     scores = with_root(0.0, jnp.where(s_valid, s_score, -jnp.inf).astype(jnp.float32))
     return tree, scores, shared

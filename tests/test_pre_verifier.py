@@ -529,3 +529,40 @@ def test_pruning_sampled_children_would_be_caught(monkeypatch):
     finally:
         speculative._speculative.clear_cache()
     assert check_rows(np.asarray(out.tokens), target, sampling) is not None
+
+
+@pytest.mark.parametrize("kind", ["eagle", "mdc"])
+def test_recorded_hidden_states_belong_to_each_nodes_parent(target, kind):
+    """record_steps(with_hidden=True) drafts and accepts exactly what a plain recording does and
+    adds each node's token and the drafter state its distribution was read from: zeros at the
+    root, one state per parent (siblings share it; eagle's differ between parents, mdc's chain
+    slot is one per depth). The drafter is left as it was."""
+    drafter = make_drafter(kind, target)
+    config = SpecConfig(tree=TreeConfig.dynamic(9, 3, 3))
+    record = dict(config=config, max_new_tokens=8)
+    plain = pvt.record_steps(target, drafter, PROMPTS, **record)
+    rich = pvt.record_steps(target, drafter, PROMPTS, with_hidden=True, **record)
+    assert drafter.record_hidden is False and len(plain) == len(rich) > 0
+    distinct_parents = 0
+    for a, r in zip(plain, rich, strict=True):
+        for field in ("parents", "valid", "node_stats", "path"):
+            np.testing.assert_array_equal(getattr(a, field), getattr(r, field))
+        assert a.hidden is None and r.hidden.shape == (10, target.config.d_model)
+        assert r.tokens.shape == (10,)
+        np.testing.assert_array_equal(r.hidden[0], 0.0)
+        nodes = np.flatnonzero(r.valid)[1:]
+        depth = r.node_stats[:, NODE_STATS.index("depth")].astype(int)
+        for i in nodes:
+            for j in nodes:
+                same = r.parents[i] == r.parents[j] or (kind == "mdc" and depth[i] == depth[j])
+                if same:
+                    np.testing.assert_array_equal(r.hidden[i], r.hidden[j])
+                elif depth[i] == depth[j]:
+                    distinct_parents += 1
+                    assert not np.array_equal(r.hidden[i], r.hidden[j])
+        assert np.abs(r.hidden[nodes]).max() > 0
+    if kind == "eagle":
+        assert distinct_parents > 0  # the check above had pairs to compare
+    lm = LMDrafter.self_draft(1)
+    with pytest.raises(ValueError, match="feature drafter"):
+        pvt.record_steps(target, lm, PROMPTS, with_hidden=True, **record)

@@ -87,6 +87,9 @@ class FeatureDrafter(nnx.Module):
 
     samples_children = False  # children are top-k: sampled decoding uses the one-hot tree rule
     dynamic_trees = True  # chooses the topology within the TreeConfig's budget
+    # True: proposals record each node's parent drafter state (DraftTree.node_hidden), for
+    # studies of what predicts acceptance (specjax.train.pre_verifier.record_steps); static.
+    record_hidden = False
 
     def __init__(self, net: DrafterNet, target):
         self.net = net
@@ -241,6 +244,7 @@ class FeatureDrafter(nnx.Module):
             num_nodes=n_nodes,
             stop=stop,
             shared=shared,
+            hidden=(lambda child: child["feat"]) if self.record_hidden else None,
         )
         state, reused_slots, calls = self._after_expansion(state, shared)
         node = jnp.arange(n_nodes)[None, :]
@@ -551,12 +555,17 @@ class HiddenStateDrafter(FeatureDrafter):
                 logp = jnp.where(both, mixed, logp)
             # The frontier node's token is its children's parent and its grandchildren's
             # grandparent.
-            return logp, {"depth": d + 1, "grand": parent}, chain
+            child = {"depth": d + 1, "grand": parent}
+            if self.record_hidden:  # the chain slot every child at this level is read from
+                child["feat"] = hd
+            return logp, child, chain
 
         root_state = {
             "depth": jnp.zeros((ctx.root.shape[0],), jnp.int32),
             "grand": jnp.take(parts.embed, state.last_token, axis=0),
         }
+        if self.record_hidden:
+            root_state["feat"] = jnp.zeros_like(state.chain_h[:, 0])
         return step, root_state, self._chain_start(state, root_emb)
 
     def _after_expansion(self, state, chain):

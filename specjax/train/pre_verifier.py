@@ -38,12 +38,21 @@ def record_steps(
     batch: int = 8,
     eos_id: int | None = None,
     progress: Callable[[str], None] | None = None,
+    with_hidden: bool = False,
 ) -> list[StepRecord]:
     """Greedy speculative decoding of `prompts` (token-id lists) with `config` and no
-    pre-verifier, batch rows at a time; every live row's step as a StepRecord."""
+    pre-verifier, batch rows at a time; every live row's step as a StepRecord. with_hidden:
+    also each node's token and the drafter state its distribution was read from (feature
+    drafters only)."""
     from specjax.speculative import SteppedRun
 
+    if with_hidden and not hasattr(drafter, "record_hidden"):
+        raise ValueError(
+            f"record_steps(with_hidden=True) needs a feature drafter, got {type(drafter).__name__}"
+        )
     saved, drafter.pre_verifier = getattr(drafter, "pre_verifier", None), None
+    if with_hidden:
+        drafter.record_hidden = True
     records = []
     try:
         for start in range(0, len(prompts), batch):
@@ -55,18 +64,27 @@ def record_steps(
                 tree, acc, live = jax.device_get(run.step())
                 for b in np.flatnonzero(live):
                     n = int(acc.n_accepted[b])
+                    extra = {}
+                    if with_hidden:
+                        extra = dict(
+                            tokens=np.asarray(tree.tokens[b]),
+                            hidden=np.asarray(tree.node_hidden[b], np.float16),
+                        )
                     records.append(
                         StepRecord(
                             parents=np.asarray(tree.parents[b]),
                             valid=np.asarray(tree.valid[b]),
                             node_stats=np.asarray(tree.node_stats[b], np.float32),
                             path=np.asarray(acc.path[b][1 : n + 1]),
+                            **extra,
                         )
                     )
             if progress is not None:
                 progress(f"recorded {len(records)} row-steps ({start + batch} prompts)")
     finally:
         drafter.pre_verifier = saved
+        if with_hidden:
+            drafter.record_hidden = False
     return records
 
 
