@@ -56,15 +56,11 @@ def labelled(records, embed: np.ndarray) -> dict:
     [X, M], label [X]."""
     out = {"stats": [], "hidden": [], "token": [], "label": []}
     for r in records:
-        on = np.zeros(len(r.parents), bool)
-        on[0] = True
-        on[r.path] = True
-        nodes = np.flatnonzero(r.valid & (np.arange(len(r.parents)) > 0))
-        nodes = nodes[on[r.parents[nodes]]]
+        nodes, accepted = pvt.labelled_nodes(r)
         out["stats"].append(r.node_stats[nodes])
         out["hidden"].append(r.hidden[nodes].astype(np.float32))
         out["token"].append(embed[r.tokens[nodes]])
-        out["label"].append(on[nodes])
+        out["label"].append(accepted)
     return {k: np.concatenate(v) for k, v in out.items()}
 
 

@@ -88,17 +88,25 @@ def record_steps(
     return records
 
 
+def labelled_nodes(record: StepRecord) -> tuple[np.ndarray, np.ndarray]:
+    """(nodes [X], accepted [X]) of one step: its valid draft nodes whose parent was accepted
+    (the only ones that say something about P(accepted | parent accepted)), and whether the
+    target accepted each."""
+    on_path = np.zeros(len(record.parents), bool)
+    on_path[0] = True
+    on_path[record.path] = True
+    nodes = np.flatnonzero(record.valid & (np.arange(len(record.parents)) > 0))
+    nodes = nodes[on_path[record.parents[nodes]]]
+    return nodes, on_path[nodes]
+
+
 def node_labels(records: list[StepRecord]) -> tuple[np.ndarray, np.ndarray]:
     """(stats [X, S], accepted [X]) for every valid draft node whose parent was accepted."""
     stats, labels = [], []
     for r in records:
-        on_path = np.zeros(len(r.parents), bool)
-        on_path[0] = True
-        on_path[r.path] = True
-        nodes = np.flatnonzero(r.valid & (np.arange(len(r.parents)) > 0))
-        nodes = nodes[on_path[r.parents[nodes]]]
+        nodes, accepted = labelled_nodes(r)
         stats.append(r.node_stats[nodes])
-        labels.append(on_path[nodes])
+        labels.append(accepted)
     return np.concatenate(stats), np.concatenate(labels)
 
 
