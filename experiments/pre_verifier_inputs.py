@@ -82,6 +82,8 @@ class Principal:
 
 
 def network_inputs(data: dict, kind: str, hidden_pc: Principal, token_pc: Principal, depth: int):
+    """[X, F] the network's input for one of INPUTS: the pre-verifier's features of the
+    statistics, then the hidden state's and the token embedding's principal components."""
     parts = [np.asarray(features(jnp.asarray(data["stats"]), depth))]
     if "hidden" in kind:
         parts.append(hidden_pc(data["hidden"]))
@@ -210,9 +212,8 @@ def write(tables, args, held_words, n_train, eval_sets, seconds) -> None:
         f"reduced to {args.components} principal components of the training nodes",
         "",
         "AUC of P(node accepted | parent accepted) over the nodes whose parent the target "
-        "accepted (nodes, accepted share in the header). For scale: on this CPU a pre-verifier "
-        "needs an MT-bench AUC of about 0.93 to replay 1.1x over the best fixed tree "
-        "(pacer_ceiling.md).",
+        "accepted (nodes, accepted share in the header). What AUC a pre-verifier would need "
+        "for a given gain on a machine: pacer_ceiling.md's sharper-discriminator tables.",
         "",
     ]
     for drafter, (rows, counts) in tables.items():

@@ -92,14 +92,16 @@ def simulate(
     node_probs: np.ndarray | None = None,
 ) -> Simulated:
     """Pruning at `threshold` replayed on greedy records (pv and node_probs None: no pruning).
-    t_verify(n):
-    seconds for the target over n nodes; t_draft(d): seconds to draft d levels (with a
-    pre-verifier a feature drafter stops one level below its deepest kept node). base: prune a
-    smaller fixed dynamic(nodes, depth, topk) tree instead of the recorded one (its nodes from
-    fixed_subtree, its default buckets). oracle (pv None): a perfect pre-verifier, which keeps
-    exactly the nodes the target accepts: the tree's tau at the smallest bucket and the fewest
-    levels any pruning of it can reach, so the most tokens per second a pre-verifier could
-    give this tree under these costs. by_cost (with pv): after the threshold, verify the bucket
+
+    t_verify(n): seconds for the target over n nodes; t_draft(d): seconds to draft d levels
+    (with a pre-verifier a feature drafter stops one level below its deepest kept node). base:
+    prune a smaller fixed dynamic(nodes, depth, topk) tree instead of the recorded one (its
+    nodes from fixed_subtree, its default buckets). oracle (pv None): a perfect discriminator,
+    which keeps exactly the nodes the target accepts: the tree's whole tau with the fewest
+    nodes and levels that keep it. (Not a bound on every pruning: where the accepted path just
+    overflows a bucket, dropping its last node can pay when the next bucket costs much more;
+    on a t(N) as flat as a CPU's up to a few nodes that is rare.) by_cost (with pv): after the
+    threshold, verify the bucket
     that maximizes expected tokens / t_verify(bucket), keeping the most probable nodes (the
     engine's specjax.pre_verify.bucket_by_cost at batch 1); drafting still stops where the
     threshold pruned. node_probs [sum of the records' N]: P(accepted | parent accepted) of every
@@ -107,6 +109,11 @@ def simulate(
     if oracle and (pv is not None or node_probs is not None):
         raise ValueError("simulate: oracle replaces the pre-verifier; pass pv=None")
     probs = node_probs
+    if probs is not None and len(probs) != sum(len(r.parents) for r in records):
+        raise ValueError(
+            f"simulate: node_probs has {len(probs)} entries for "
+            f"{sum(len(r.parents) for r in records)} recorded nodes"
+        )
     if probs is None and pv is not None:
         probs = predict(pv, np.concatenate([r.node_stats for r in records]))
     if by_cost and probs is None:
@@ -159,10 +166,11 @@ def simulate(
     )
 
 
-def _cheapest_bucket(keep, pi, buckets, t_verify) -> np.ndarray:
+def _cheapest_bucket(keep, path_p, buckets, t_verify) -> np.ndarray:
     """[N] keep cut to the n - 1 most probable kept nodes (and the root), n the bucket with the
-    most expected tokens (1 + their path probabilities) per second of verification."""
-    prob = np.where(keep & (np.arange(len(keep)) > 0), pi, 0.0)
+    most expected tokens (1 + their path probabilities path_p [N]) per second of
+    verification."""
+    prob = np.where(keep & (np.arange(len(keep)) > 0), path_p, 0.0)
     order = np.argsort(-prob, kind="stable")  # ties: the lower index, a parent before its child
     expected = 1.0 + np.concatenate([[0.0], np.cumsum(prob[order])])
     best = max(buckets, key=lambda b: expected[min(b, len(keep)) - 1] / t_verify(b))
@@ -179,8 +187,9 @@ def simulate_oracle(
     t_verify: Callable[[int], float],
     t_draft: Callable[[int], float],
 ) -> Simulated:
-    """A perfect pre-verifier replayed on the recorded tree (tree None) or on a fixed
-    dynamic(nodes, depth, topk) subtree of it: see simulate(oracle=True)."""
+    """A perfect discriminator (it keeps exactly the accepted nodes) replayed on the recorded
+    tree (tree None) or on a fixed dynamic(nodes, depth, topk) subtree of it: see
+    simulate(oracle=True)."""
     return simulate(None, records, 0.0, t_verify=t_verify, t_draft=t_draft, base=tree, oracle=True)
 
 

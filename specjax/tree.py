@@ -403,6 +403,10 @@ def expand_topk(
         s_stats = jnp.zeros((b, 0, n_stats), jnp.float32)
         if p_hidden is not None:
             s_hidden = p_hidden[:, :0]
+    node_hidden = None
+    if p_hidden is not None:  # the root's row is zeros: it has no parent state
+        root_row = jnp.zeros((b, 1, p_hidden.shape[-1]), jnp.float32)
+        node_hidden = jnp.concatenate([root_row, s_hidden.astype(jnp.float32)], axis=1)
 
     def with_root(root_value, rest):
         return jnp.concatenate([jnp.full((b, 1), root_value, rest.dtype), rest], axis=1)
@@ -415,11 +419,7 @@ def expand_topk(
         draft_prob=with_root(1.0, s_prob.astype(jnp.float32)),
         draft_dist=None,
         node_stats=jnp.concatenate([jnp.zeros((b, 1, n_stats), jnp.float32), s_stats], axis=1),
-        node_hidden=None
-        if p_hidden is None
-        else jnp.concatenate([jnp.zeros_like(s_hidden[:, :1]), s_hidden], axis=1).astype(
-            jnp.float32
-        ),
+        node_hidden=node_hidden,
     )
     scores = with_root(0.0, jnp.where(s_valid, s_score, -jnp.inf).astype(jnp.float32))
     return tree, scores, shared

@@ -1,11 +1,20 @@
 """Shared test fixtures: the shared models/data folder ($SPECJAX_SHARED, default ../shared)."""
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
 from specjax.paths import shared_dir as _shared_dir
+
+# The repository's kernels/ directory is installed as specjax.kernels (pyproject's package-dir).
+# `python -m pytest` run from the repository puts its root first on sys.path, and there
+# kernels/ would shadow the `kernels` package that transformers (>= 5.25, a dependency of it)
+# imports: the reference tests then fail with "cannot import name 'CUDAProperties' from
+# 'kernels'". specjax is installed, so nothing needs the root on the path.
+_ROOT = Path(__file__).resolve().parent.parent
+sys.path[:] = [p for p in sys.path if Path(p or os.curdir).resolve() != _ROOT]
 
 # The default run is dominated by compiling thousands of small programs, not by running them:
 # XLA's CPU backend at optimization level 0 compiles them ~1.5x faster (test_step.py +

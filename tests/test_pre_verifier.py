@@ -407,10 +407,11 @@ def test_fixed_subtree_replay():
     assert base.tau == 2.0 and base.draft_len == 2 and base.bucket == 3 and base.depth == 1
 
 
-def test_oracle_replay_keeps_the_accepted_path_and_bounds_every_threshold():
-    """A perfect pre-verifier keeps the root and the accepted path only: the tree's tau, the
-    smallest bucket holding the path, drafting one level below the path's end; no threshold of a
-    real pre-verifier replays more tokens per second under costs that grow with the nodes."""
+def test_oracle_replay_keeps_exactly_the_accepted_path():
+    """A perfect discriminator keeps the root and the accepted path only: the tree's tau, the
+    smallest bucket holding the path, drafting one level below the path's end; under gently
+    rising costs no threshold of a real pre-verifier replays more tokens per second. The
+    cost-aware bucket replays what the engine's bucket_by_cost keeps."""
     rng = np.random.default_rng(0)
     n = 9
     parents = np.array([-1, 0, 0, 1, 1, 2, 3, 4, 6])
@@ -443,6 +444,22 @@ def test_oracle_replay_keeps_the_accepted_path_and_bounds_every_threshold():
     steep = pvr.simulate(pv, records, 0.0, by_cost=True, t_verify=lambda k: float(k) ** 2,
                          t_draft=lambda d: 0.0)  # fmt: skip
     assert steep.bucket == 1 and steep.tau == 1.0 and steep.depth == whole.depth
+    # between the extremes, the replay keeps what the engine keeps at batch 1
+    points = ((1, 1.0), (4, 1.05), (8, 1.6), (9, 1.7))
+    t_verify = dict(points).__getitem__  # every bucket of a 9-node tree is a point
+    probs = pvr.predict(pv, np.concatenate([r.node_stats for r in records]))
+    kept_sizes = set()
+    for i, r in enumerate(records):
+        path_p = pvr.path_probability(probs[i * n : (i + 1) * n], r.parents)
+        keep = np.ones(n, bool)
+        ours = pvr._cheapest_bucket(keep, path_p, (1, 4, 8, 9), t_verify)
+        engine = pre_verify.bucket_by_cost(
+            jnp.asarray(keep[None]), jnp.log(jnp.asarray(path_p[None], jnp.float32)),
+            jnp.ones((1,), bool), (1, 4, 8, 9), points,
+        )  # fmt: skip
+        np.testing.assert_array_equal(ours, np.asarray(engine[0]))
+        kept_sizes.add(int(ours.sum()))
+    assert kept_sizes - {1, n}, f"only the extreme buckets were exercised: {kept_sizes}"
     # node probabilities given directly: the pre-verifier's own reproduce its replay, and the
     # labels themselves (1 on the accepted path, 0 elsewhere) are the perfect pre-verifier
     own = pvr.predict(pv, np.concatenate([r.node_stats for r in records]))
@@ -452,6 +469,8 @@ def test_oracle_replay_keeps_the_accepted_path_and_bounds_every_threshold():
     labels = np.concatenate([np.isin(np.arange(n), r.path) for r in records]).astype(float)
     perfect = pvr.simulate(None, records, 0.5, node_probs=labels, **costs)
     assert dataclasses.replace(perfect, threshold=0.0) == best
+    with pytest.raises(ValueError, match="node_probs has 35 entries for 36"):
+        pvr.simulate(None, records, 0.5, node_probs=labels[:-1], **costs)
 
 
 def test_bucket_by_cost_keeps_the_most_probable_nodes_of_the_best_bucket():
@@ -542,7 +561,8 @@ def test_recorded_hidden_states_belong_to_each_nodes_parent(target, kind):
     record = dict(config=config, max_new_tokens=8)
     plain = pvt.record_steps(target, drafter, PROMPTS, **record)
     rich = pvt.record_steps(target, drafter, PROMPTS, with_hidden=True, **record)
-    assert drafter.record_hidden is False and len(plain) == len(rich) > 0
+    assert drafter.record_hidden is False and "record_hidden" not in vars(drafter)
+    assert len(plain) == len(rich) > 0
     distinct_parents = 0
     for a, r in zip(plain, rich, strict=True):
         for field in ("parents", "valid", "node_stats", "path"):
@@ -557,12 +577,40 @@ def test_recorded_hidden_states_belong_to_each_nodes_parent(target, kind):
                 same = r.parents[i] == r.parents[j] or (kind == "mdc" and depth[i] == depth[j])
                 if same:
                     np.testing.assert_array_equal(r.hidden[i], r.hidden[j])
-                elif depth[i] == depth[j]:
+                elif depth[i] == depth[j] or kind == "mdc":
                     distinct_parents += 1
                     assert not np.array_equal(r.hidden[i], r.hidden[j])
         assert np.abs(r.hidden[nodes]).max() > 0
-    if kind == "eagle":
-        assert distinct_parents > 0  # the check above had pairs to compare
+    assert distinct_parents > 0  # the check above had pairs to compare
     lm = LMDrafter.self_draft(1)
     with pytest.raises(ValueError, match="feature drafter"):
         pvt.record_steps(target, lm, PROMPTS, with_hidden=True, **record)
+
+
+@pytest.mark.parametrize("num_nodes", [1, 3, 6])
+def test_expand_topk_records_hidden_states_at_every_budget(num_nodes):
+    """node_hidden has a row per node (zeros at the root and in unfilled slots) for a budget of
+    the root alone, one within the pool and one larger than the pool (padded slots)."""
+    from specjax.tree import expand_topk
+
+    b, v, h = 2, 5, 3
+    logits = jnp.log(jnp.arange(1, v + 1, dtype=jnp.float32) / 15.0)
+
+    def step(states, tokens):  # the children of a slot see its state + 1
+        feat = states["feat"] + 1.0
+        return jnp.broadcast_to(logits, tokens.shape + (v,)), {"feat": feat}
+
+    root = {"feat": jnp.zeros((b, h))}
+    tree, _, _ = expand_topk(step, root, jnp.zeros((b,), jnp.int32), depth=2, width=1, topk=2,
+                             num_nodes=num_nodes, hidden=lambda c: c["feat"])  # fmt: skip
+    hidden = np.asarray(tree.node_hidden)
+    assert hidden.shape == (b, num_nodes, h)
+    np.testing.assert_array_equal(hidden[:, 0], 0.0)
+    depth = np.asarray(tree.depth)
+    valid = np.asarray(tree.valid)
+    # a node at depth d was read from its parent's state: d ones (the step adds 1 a level)
+    expected = np.where(valid, depth, 0)[..., None] * np.ones(h)
+    expected[:, 0] = 0.0
+    np.testing.assert_array_equal(hidden, expected)
+    if num_nodes == 6:
+        assert not valid.all()  # the pool (4 children) is smaller than the budget

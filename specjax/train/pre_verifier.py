@@ -51,6 +51,9 @@ def record_steps(
             f"record_steps(with_hidden=True) needs a feature drafter, got {type(drafter).__name__}"
         )
     saved, drafter.pre_verifier = getattr(drafter, "pre_verifier", None), None
+    # The caller's own setting comes back afterwards (and an unset one stays unset: the
+    # setting is part of the compiled program's key, so a leftover False would recompile).
+    previous = vars(drafter).get("record_hidden")
     if with_hidden:
         drafter.record_hidden = True
     records = []
@@ -83,8 +86,10 @@ def record_steps(
                 progress(f"recorded {len(records)} row-steps ({start + batch} prompts)")
     finally:
         drafter.pre_verifier = saved
-        if with_hidden:
-            drafter.record_hidden = False
+        if with_hidden and previous is None:
+            vars(drafter).pop("record_hidden")
+        elif with_hidden:
+            drafter.record_hidden = previous
     return records
 
 
