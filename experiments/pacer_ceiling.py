@@ -65,6 +65,15 @@ def tree_words(tree: tuple[int, int, int]) -> str:
     return "dynamic({},{},{})".format(*tree)
 
 
+def replay_costs(verify, draft, collection, topk: int) -> dict:
+    """simulate's t_verify and t_draft for trees of top-k `topk`, drafting levels priced as in
+    the collection tree's budget."""
+    return dict(
+        t_verify=verify.t_verify,
+        t_draft=lambda levels: draft.t_draft(TreeConfig.dynamic(collection[0], levels, topk)),
+    )
+
+
 def replay_set(pv, records, collection, verify, draft) -> dict:
     """Every replay of one set of records: {"fixed": {tree: Simulated}, "best_fixed": tree,
     "pruned": {tree: {kind: Simulated}}} with kinds KINDS (the tree whole, this machine's
@@ -72,10 +81,7 @@ def replay_set(pv, records, collection, verify, draft) -> dict:
     perfect discriminator)."""
 
     def costs(topk: int) -> dict:
-        return dict(
-            t_verify=verify.t_verify,
-            t_draft=lambda levels: draft.t_draft(TreeConfig.dynamic(collection[0], levels, topk)),
-        )
+        return replay_costs(verify, draft, collection, topk)
 
     fixed = {t: pvr.simulate_fixed(records, t, **costs(t[2])) for t in FIXED}
     best_fixed = max(fixed, key=lambda t: fixed[t].tokens_per_second)
@@ -181,14 +187,12 @@ def sharper_discriminators(pv, records, collection, verify, draft, best_fixed: f
     best_fixed: the best fixed tree's replayed tokens/s on these records."""
     stats = np.concatenate([r.node_stats for r in records])
     p = np.clip(pvr.predict(pv, stats), 1e-6, 1 - 1e-6)
-    on_path, eligible = [], []
+    on_path, eligible = [], []  # every node; the labelled ones (parent accepted)
     for r in records:
-        on = np.zeros(len(r.parents), bool)
-        on[0] = True
-        on[r.path] = True
-        parent_on = np.concatenate([[False], on[r.parents[1:]]])
-        on_path.append(on)
-        eligible.append(r.valid & parent_on)
+        on_path.append(np.isin(np.arange(len(r.parents)), r.path))
+        chosen = np.zeros(len(r.parents), bool)
+        chosen[pvt.labelled_nodes(r)[0]] = True
+        eligible.append(chosen)
     on_path, eligible = np.concatenate(on_path), np.concatenate(eligible)
     rows = []
     for alpha in SHARPEN:
@@ -198,12 +202,7 @@ def sharper_discriminators(pv, records, collection, verify, draft, best_fixed: f
         replays = []
         for tree in (*PRUNED, collection):
             base = None if tree == collection else tree
-            c = dict(
-                t_verify=verify.t_verify,
-                t_draft=lambda levels, k=tree[2]: draft.t_draft(
-                    TreeConfig.dynamic(collection[0], levels, k)
-                ),
-            )
+            c = replay_costs(verify, draft, collection, tree[2])
             for th in pvr.THRESHOLDS[1:]:
                 for by_cost in (False, True):
                     replays.append(pvr.simulate(None, records, th, base=base, by_cost=by_cost,

@@ -101,11 +101,11 @@ def simulate(
     nodes and levels that keep it. (Not a bound on every pruning: where the accepted path just
     overflows a bucket, dropping its last node can pay when the next bucket costs much more;
     on a t(N) as flat as a CPU's up to a few nodes that is rare.) by_cost (with pv): after the
-    threshold, verify the bucket
-    that maximizes expected tokens / t_verify(bucket), keeping the most probable nodes (the
-    engine's specjax.pre_verify.bucket_by_cost at batch 1); drafting still stops where the
-    threshold pruned. node_probs [sum of the records' N]: P(accepted | parent accepted) of every
-    recorded node, records in order, used instead of pv's (a hypothetical discriminator)."""
+    threshold, verify the bucket that maximizes expected tokens / t_verify(bucket), keeping the
+    most probable nodes (the engine's specjax.pre_verify.bucket_by_cost at batch 1); drafting
+    still stops where the threshold pruned. node_probs [sum of the records' N]: P(accepted |
+    parent accepted) of every recorded node, records in order, used instead of pv's (a
+    hypothetical discriminator)."""
     if oracle and (pv is not None or node_probs is not None):
         raise ValueError("simulate: oracle replaces the pre-verifier; pass pv=None")
     probs = node_probs
