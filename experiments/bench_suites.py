@@ -22,6 +22,7 @@ from specjax.paths import (
     STORIES260K,
     STORIES260K_EAGLE,
     STORIES260K_MDC,
+    STORIES260K_NGRAM,
 )
 
 # The trained drafters' fixed tree before SpecConfig.auto(): 31 draft nodes, depth 6, top-8.
@@ -44,6 +45,7 @@ SUITES = {
             Method(kind=SPEC, drafter="self:2", auto=True),
             Method(kind=SPEC, drafter=STORIES260K_EAGLE, auto=True),
             Method(kind=SPEC, drafter=STORIES260K_MDC, auto=True),
+            Method(kind=SPEC, drafter=STORIES260K_NGRAM, auto=True),
             # What the default would run if it had to speculate (checks its predictions).
             Method(kind=SPEC, drafter=STORIES260K_EAGLE, auto=True, auto_fallback=False),
             Method(kind=SPEC, drafter=LLAMA2XS, tree=TreeConfig.chain(4)),

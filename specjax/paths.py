@@ -17,6 +17,8 @@ SMOLLM2_MDC = "checkpoints/smollm2-mdc"
 SMOLLM2_EAGLE = "checkpoints/smollm2-eagle"
 STORIES260K_MDC = "checkpoints/stories260K-mdc"
 STORIES260K_EAGLE = "checkpoints/stories260K-eagle"
+# n-gram tables of the target's own continuations (experiments/train_ngram_drafter.py).
+STORIES260K_NGRAM = "checkpoints/stories260K-ngram"
 
 
 def repo_dir() -> Path:

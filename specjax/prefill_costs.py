@@ -9,8 +9,10 @@ tree, so it pulls a call's speedup towards 1: SmolLM2's prefill of an MT-bench p
 ms of a 0.6-1.5 s speculative call of 64 new tokens on 2-core CPUs, and leaving it out
 overstated the predicted speedup by ~5-7%.
 
-The prefill of plain decoding (specjax.decode.start_decoding: the target over the padded prompts,
-then the first token) is timed at powers of two of the width, each once per machine (the same
+The prefill is timed as a whole plain call that decodes one token (the target over the padded
+prompts, the first token, and what every call pays around its compiled programs: ~1.5 ms on a
+2-core CPU, a quarter of a 128-token call of stories260K, where leaving it out overstated the
+predicted speedup by ~30%), at powers of two of the width, each once per machine (the same
 key as the target's costs: backend, device kind, weights, batch, dtype, layout), and
 interpolated linearly between the two that bracket a call's width. A speculative call's prefill
 runs the same target forward, plus the drafter's own prefill (a feature drafter's one layer over
@@ -23,11 +25,12 @@ import time
 from collections.abc import Callable
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
-from specjax.autotune import cost_key, keep_record, kept_record, plain_decoding_start
+from specjax.autotune import cost_key, filler_prompts, keep_record, kept_record
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: a whole one-token call, not the compiled start alone
 MIN_WIDTH = 16  # widths are bracketed by powers of two from here
 REPS = 3
 
@@ -46,17 +49,19 @@ def bracket(width: int) -> tuple[int, int]:
 
 
 def measure_prefill(target, *, batch: int, width: int, reps: int = REPS) -> float:
-    """Seconds of specjax.generate's start (prefill of `batch` filler prompts of `width` tokens
-    and the first token), compiled once and timed as the median of `reps` calls."""
-    start, params, ids, lens = plain_decoding_start(
-        target, batch=batch, context=width, max_new_tokens=2
-    )
-    start = jax.jit(start)
-    jax.block_until_ready(start(params, ids, lens))  # compiles
+    """Seconds of a whole specjax.generate call of `batch` filler prompts of `width` tokens
+    that decodes one token (its prefill and first token, and what any call pays around its
+    compiled programs: arguments split and placed, dispatch, outputs), compiled once and timed
+    as the median of `reps` calls."""
+    from specjax.decode import generate
+
+    prompts = jnp.asarray(filler_prompts(target, batch, width), jnp.int32)
+    call = lambda: jax.block_until_ready(generate(target, prompts, max_new_tokens=1).tokens)  # noqa: E731
+    call()  # compiles
     seconds = []
     for _ in range(reps):
         t0 = time.perf_counter()
-        jax.block_until_ready(start(params, ids, lens))
+        call()
         seconds.append(time.perf_counter() - t0)
     return float(np.median(seconds))
 

@@ -19,6 +19,7 @@ from specjax.paths import (
     STORIES260K,
     STORIES260K_EAGLE,
     STORIES260K_MDC,
+    STORIES260K_NGRAM,
     repo_dir,
 )
 
@@ -27,7 +28,7 @@ TREE = SpecConfig(tree=TreeConfig.dynamic(31, 6, 8))
 
 def shipped(name):
     path = repo_dir() / name
-    if not (path / "drafter.json").exists():
+    if not any((path / f).exists() for f in ("drafter.json", "ngram.json")):
         pytest.skip(f"{name} is not in this checkout (python experiments/train_drafters.py)")
     return path
 
@@ -37,13 +38,15 @@ def stories(shared_dir):
     return specjax.load(shared_dir / STORIES260K)
 
 
-def assert_greedy_equal(target, drafter, prompts, batch, eos_id=None, max_new_tokens=128):
+def assert_greedy_equal(
+    target, drafter, prompts, batch, eos_id=None, max_new_tokens=128, config=TREE
+):
     taus = []
     for i in range(0, len(prompts), batch):
         chunk = prompts[i : i + batch]
         kw = dict(max_new_tokens=max_new_tokens, eos_id=eos_id)
         ref = specjax.generate(target, chunk, **kw)
-        out = specjax.speculative_generate(target, drafter, chunk, config=TREE, **kw)
+        out = specjax.speculative_generate(target, drafter, chunk, config=config, **kw)
         np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
         np.testing.assert_array_equal(np.asarray(out.lengths), np.asarray(ref.lengths))
         taus += np.asarray(out.stats["tau"]).tolist()
@@ -56,6 +59,19 @@ def test_stories_drafter_loads_and_is_lossless(stories, name):
     prompts = tinystories_prompts(stories.tokenizer, 4)
     tau = assert_greedy_equal(stories.model, drafter, prompts, batch=4, max_new_tokens=48)
     assert tau > 2.0, tau  # a trained drafter: an untrained one stays near 1
+
+
+@pytest.mark.parametrize(
+    "tree", [TreeConfig.chain(3), TreeConfig(branching=(4, 2, 1, 1))], ids=["chain3", "4-2-1-1"]
+)
+def test_stories_ngram_tables_are_lossless_and_accepted(stories, tree):
+    """The shipped n-gram tables: greedy output equal to plain decoding on TinyStories dev
+    prompts (never in their data), with most drafts accepted."""
+    drafter = specjax.load_drafter(shipped(STORIES260K_NGRAM), stories.model)
+    prompts = tinystories_prompts(stories.tokenizer, 8)
+    tau = assert_greedy_equal(stories.model, drafter, prompts, batch=4, max_new_tokens=96,
+                              config=SpecConfig(tree=tree))  # fmt: skip
+    assert tau > 2.0, tau
 
 
 @pytest.mark.slow  # loads SmolLM2; the refusal itself is tested on tiny models in test_errors

@@ -37,10 +37,10 @@ def checkpoint_label(path: str) -> str:
 
 
 def resolve_drafter(spec: str) -> str:
-    """self:K as is; exit:DIR with DIR found here or in the repository; a trained drafter or
-    HiSpec exit-heads directory relative to the current directory or to the repository
-    (checkpoints/...); else a draft model under the shared models folder."""
-    from specjax.drafters.spec import is_feature_drafter, is_hispec
+    """self:K as is; exit:DIR with DIR found here or in the repository; a trained drafter,
+    HiSpec exit-heads or n-gram directory relative to the current directory or to the
+    repository (checkpoints/...); else a draft model under the shared models folder."""
+    from specjax.drafters.spec import is_feature_drafter, is_hispec, is_ngram
     from specjax.paths import repo_dir
 
     if spec.startswith("self:"):
@@ -50,7 +50,7 @@ def resolve_drafter(spec: str) -> str:
         found = path if Path(path).exists() else str(repo_dir() / path)
         return "exit:" + found
     for candidate in (spec, str(repo_dir() / spec)):
-        if is_feature_drafter(candidate) or is_hispec(candidate):
+        if is_feature_drafter(candidate) or is_hispec(candidate) or is_ngram(candidate):
             return candidate
     return str(resolve_path(spec, "models"))
 

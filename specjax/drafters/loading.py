@@ -7,6 +7,7 @@ import warnings
 from pathlib import Path
 
 from specjax.drafters.feature import EagleDrafter, FeatureDrafter, HiddenStateDrafter
+from specjax.drafters.ngram import is_ngram_dir, load_ngram_drafter, read_ngram_header
 from specjax.models.pre_verifier import FOLDER as PV_FOLDER
 from specjax.models.pre_verifier import load_pre_verifier
 from specjax.train.checkpoint import (
@@ -55,6 +56,31 @@ def check_target(path: str | Path, header: dict, net, model, *, strict: bool = T
     warnings.warn(f"{message}; using it anyway (strict=False)", stacklevel=3)
 
 
+def load_ngram(path: str | Path, model, *, strict: bool = True, pre_verifier=None):
+    """An NgramDrafter directory for `model`: ValueError (naming the path) for another
+    vocabulary, for pre_verifier=True (none is trained for n-gram tables), and -- when strict --
+    for tables distilled from another target's outputs (the header's target_fingerprint)."""
+    if pre_verifier:
+        raise ValueError(f"{path}: n-gram drafters have no pre-verifier; pass pre_verifier=None")
+    header = read_ngram_header(path)
+    if header["vocab_size"] != model.config.vocab_size:
+        raise ValueError(
+            f"{path}: n-gram tables over a vocabulary of {header['vocab_size']} tokens, the "
+            f"target has {model.config.vocab_size}: they were built for another tokenizer"
+        )
+    stored, actual = header.get("target_fingerprint"), target_fingerprint(model)
+    if stored is not None and stored != actual:
+        message = (
+            f"{path}: these n-gram tables were built from another target's outputs "
+            f"({header.get('target_name') or 'unnamed'}, fingerprint {stored}; this target's is "
+            f"{actual})"
+        )
+        if strict:
+            raise ValueError(f"{message}. Pass strict=False to use them anyway (still lossless)")
+        warnings.warn(f"{message}; using them anyway (strict=False)", stacklevel=3)
+    return load_ngram_drafter(path)
+
+
 def load_drafter(
     path: str | Path,
     target,
@@ -67,7 +93,8 @@ def load_drafter(
 ):
     """A Drafter (HiddenStateDrafter or EagleDrafter) from a drafter directory, bound to
     `target` (a specjax Llama, or a specjax.Loaded); from an exit-heads directory (hispec.json,
-    e.g. checkpoints/smollm2-hispec) a specjax.hispec.HiSpec with its checkpoint's settings.
+    e.g. checkpoints/smollm2-hispec) a specjax.hispec.HiSpec with its checkpoint's settings;
+    from an n-gram directory (ngram.json, e.g. checkpoints/stories260K-ngram) an NgramDrafter.
 
     Raises ValueError, naming the path, before anything is compiled: for a malformed
     drafter.json (invalid JSON, missing keys), a missing or damaged params/ checkpoint,
@@ -82,6 +109,8 @@ def load_drafter(
     accepted); None (default): when there is one,
     True: raise ValueError when there is none, False: never."""
     model = getattr(target, "model", target)
+    if is_ngram_dir(path):  # n-gram tables (specjax.drafters.ngram): nothing to bind
+        return load_ngram(path, model, strict=strict, pre_verifier=pre_verifier)
     if (Path(path) / "hispec.json").exists():
         # An exit-heads directory (checkpoints/<target>-hispec): HiSpec's three-level drafter.
         from specjax.hispec import HiSpec

@@ -2,7 +2,8 @@
 
 "self:K" self-drafts with the target's first K layers; "exit:DIR" self-drafts with the draft
 exit of an exit-heads directory (checkpoints/<target>-hispec); a path to a checkpoint is a draft
-model sharing the target's vocabulary; a directory with drafter.json is a trained feature drafter,
+model sharing the target's vocabulary; a directory with ngram.json holds n-gram tables (static
+trees, like a draft model's); a directory with drafter.json is a trained feature drafter,
 optionally with an ablation switch: "DIR:noreuse", "DIR:freshN", "DIR:nopv" (without its
 trained pre-verifier); a directory with hispec.json is HiSpec's three-level drafter ("DIR:bufferN"
 sets its buffer).
@@ -46,6 +47,13 @@ def parse_tree(spec: str | None, default_depth: int = 4):
 def is_feature_drafter(spec: str) -> bool:
     """Whether --drafter names a trained feature drafter (a directory with drafter.json)."""
     return (Path(split_drafter_switch(spec)[0]) / "drafter.json").exists()
+
+
+def is_ngram(spec: str) -> bool:
+    """Whether --drafter names n-gram tables (a directory with ngram.json)."""
+    from specjax.drafters.ngram import is_ngram_dir
+
+    return is_ngram_dir(split_drafter_switch(spec)[0])
 
 
 def is_hispec(spec: str) -> bool:
@@ -105,9 +113,9 @@ def make_drafter(spec: str, target_loaded):
         if target_loaded is None:
             raise ValueError(f"{spec}: HiSpec exit heads need their target to load")
         return HiSpec.from_checkpoint(path, target_loaded.model, **switches)
-    if is_feature_drafter(path):
+    if is_feature_drafter(path) or is_ngram(path):
         if target_loaded is None:
-            raise ValueError(f"{spec}: a feature drafter needs its target to load")
+            raise ValueError(f"{spec}: a trained drafter needs its target to load")
         return load_drafter(path, target_loaded.model, **switches)
     return LMDrafter(load(spec).model)
 

@@ -1,0 +1,338 @@
+"""N-gram drafter: each node's children are the target's most frequent continuations of the
+node's last few tokens, looked up in hashed tables distilled from the target's own outputs.
+
+Axis letters: B batch, N tree nodes, W frontier nodes, C context tokens, K stored
+continuations, H table slots.
+
+Drafting costs a few gathers a level, against a network's forward: for a target as small as
+stories260K, whose forward is mostly dispatch, that is what lets speculation pay at all (a
+feature drafter's level costs about as much as the target's own forward there). The tables come
+from specjax.train.ngram: greedy continuations the target wrote for training prompts, counted
+for every context of 1..C tokens; each stored row holds its K most frequent continuations,
+topped up from shorter contexts, so a lookup returns K distinct tokens whatever order hit.
+
+Lookup: every order m = 1..C hashes the node's last m tokens (FNV-1a over the token ids, then
+murmur3's finalizer) to a slot of its own table and to a 16-bit fingerprint; the longest context
+whose slot holds its fingerprint wins, the unigram row when none does. A fingerprint collision
+gives a worse draft, never a wrong output: the drafter only proposes. Children are top-K
+(samples_children False), so sampled decoding verifies with the one-hot tree rule.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from specjax.config import SamplingConfig, SpecConfig
+from specjax.drafters.base import RootContext
+from specjax.drafters.lm import tree_constants
+from specjax.tree import LOGQ_FLOOR, Acceptance, DraftTree
+
+FORMAT = "specjax-ngram-drafter"
+VERSION = 1
+HEADER = "ngram.json"
+TABLES = "tables"  # orbax folder beside the header
+_PRIME = 16777619  # FNV-1a 32-bit
+_OFFSET = 2166136261
+SLOT_SEED, FINGERPRINT_SEED = 0x9E3779B9, 0x85EBCA77
+
+
+def _fmix(h, xp):
+    """murmur3's 32-bit finalizer (uint32 in, uint32 out; xp is numpy or jax.numpy)."""
+    h = h ^ (h >> 16)
+    h = h * xp.uint32(0x85EBCA6B)
+    h = h ^ (h >> 13)
+    h = h * xp.uint32(0xC2B2AE35)
+    return h ^ (h >> 16)
+
+
+def order_hashes(contexts, seed: int, xp=jnp):
+    """[..., C] uint32: for m = 1..C, the hash of the last m tokens of contexts [..., C] (int
+    token ids, oldest first). The tokens are absorbed newest first (FNV-1a), so every context
+    length is a prefix of one pass and all C hashes cost one loop; murmur3's finalizer mixes
+    each. The same function in numpy (xp=np: the tables' builder) and jax.numpy (the lookup)."""
+    tokens = xp.asarray(contexts).astype(xp.uint32)
+    c = tokens.shape[-1]
+    h = xp.full(tokens.shape[:-1], (_OFFSET ^ seed) & 0xFFFFFFFF, xp.uint32)
+    states = []
+    for i in range(c - 1, -1, -1):
+        h = (h ^ tokens[..., i]) * xp.uint32(_PRIME)
+        states.append(h)
+    return _fmix(xp.stack(states, axis=-1), xp)
+
+
+def slots_and_fingerprints(contexts, sizes, xp=jnp):
+    """(slot [..., C] within each context length's table, fingerprint [..., C] uint16, never 0:
+    0 marks an empty slot) of the last m tokens of contexts [..., C], m = 1..C; sizes[m - 1]
+    (a power of two) is the m-token table's size."""
+    masks = xp.asarray([s - 1 for s in sizes], xp.uint32)
+    slot = (order_hashes(contexts, SLOT_SEED, xp) & masks).astype(xp.int32)
+    fingerprint = (order_hashes(contexts, FINGERPRINT_SEED, xp) >> 16) | xp.uint32(1)
+    return slot, fingerprint.astype(xp.uint16)
+
+
+@dataclasses.dataclass(frozen=True)
+class NgramLayout:
+    """Where each context length's table lives in the flat arrays: sizes[m - 1] slots (a power
+    of two) for contexts of m tokens, m = 1..context, one after the other, then one slot for
+    the unigram row."""
+
+    context: int
+    topk: int
+    sizes: tuple[int, ...]
+
+    def __post_init__(self):
+        if self.context < 1 or self.topk < 1 or len(self.sizes) != self.context:
+            raise ValueError(
+                f"n-gram layout needs context >= 1, topk >= 1 and one size per context length, "
+                f"got context {self.context}, topk {self.topk}, sizes {self.sizes}"
+            )
+        if any(s < 1 or s & (s - 1) for s in self.sizes):
+            raise ValueError(f"n-gram table sizes must be powers of two, got {self.sizes}")
+
+    def offset(self, m: int) -> int:
+        """First slot of the table of m-token contexts (m = 0: the unigram row)."""
+        return sum(self.sizes) if m == 0 else sum(self.sizes[: m - 1])
+
+    @property
+    def slots(self) -> int:
+        return sum(self.sizes) + 1
+
+
+@flax.struct.dataclass
+class NgramState:
+    history: jax.Array  # [B, C] the last C committed tokens, ending at position lengths - 1
+    proposed: jax.Array  # [B, N] the last proposed tree's tokens (commit reads the path's)
+
+
+class NgramDrafter(nnx.Module):
+    """A Drafter proposing static trees (TreeConfig.branching) from n-gram tables.
+
+    fingerprints [H] uint16 (0: empty slot), tokens [H, K] int32 (continuations, most frequent
+    first), logq [H, K] float32 (their log relative frequency), laid out by `layout`.
+    """
+
+    @property
+    def table_tokens(self) -> np.ndarray:
+        """[H, K] int32 the stored continuations."""
+        return np.asarray(self.rows[...][:, : self.layout.topk])
+
+    @property
+    def table_logq(self) -> np.ndarray:
+        """[H, K] float32 their log relative frequencies."""
+        return np.ascontiguousarray(self.rows[...][:, self.layout.topk :]).view(np.float32)
+
+    feature_layers: tuple[int, ...] = ()
+    samples_children = False  # children are the table's top-k: one-hot tree rule when sampling
+    dynamic_trees = False
+
+    def __init__(self, layout: NgramLayout, fingerprints, tokens, logq, *, vocab_size: int):
+        h, k = layout.slots, layout.topk
+        if np.shape(fingerprints) != (h,) or np.shape(tokens) != (h, k) or np.shape(logq) != (h, k):
+            raise ValueError(
+                f"n-gram tables must be fingerprints [{h}], tokens [{h}, {k}] and logq "
+                f"[{h}, {k}] for layout {layout}, got {np.shape(fingerprints)}, "
+                f"{np.shape(tokens)}, {np.shape(logq)}"
+            )
+        self.layout = layout
+        self.vocab_size = vocab_size
+        self.fingerprints = nnx.Variable(jnp.asarray(fingerprints, jnp.uint16))
+        # [H, 2K] int32: the tokens, then logq's bits, so that the winning row is one gather.
+        columns = (np.asarray(tokens, np.int32), np.asarray(logq, np.float32).view(np.int32))
+        self.rows = nnx.Variable(jnp.asarray(np.concatenate(columns, axis=1)))
+        self.pre_verifier = nnx.data(None)  # none trained for n-gram drafters
+
+    def check_compatible(self, target) -> None:
+        if target.config.vocab_size != self.vocab_size:
+            raise ValueError(
+                f"vocab mismatch between target ({target.config.vocab_size}) and n-gram drafter "
+                f"({self.vocab_size}): its tables were built from another tokenizer's ids"
+            )
+
+    def lookup(self, contexts: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """(tokens [..., K], logq [..., K]) for contexts [..., C] (oldest first; -1 where the
+        sequence has no token yet): the row of the longest context found.
+
+        Two gathers whatever C (every length's fingerprint at once, then the winning row) and
+        elementwise work XLA fuses: on a CPU each further op of a level costs about a
+        microsecond. XLA:CPU splits a fused gather over threads once the array it reads passes
+        ~0.5 MB, and that hand-off costs ~4 us, more than the lookup itself (~0.2 us a level):
+        hence 16-bit fingerprints in an array of their own (262,144 slots fit)."""
+        lay, k = self.layout, self.layout.topk
+        slot, fingerprint = slots_and_fingerprints(contexts, lay.sizes)
+        slot = slot + jnp.asarray([lay.offset(m) for m in range(1, lay.context + 1)], jnp.int32)
+        hit = self.fingerprints[...][slot] == fingerprint  # [..., C]
+        row = jnp.full(contexts.shape[:-1], lay.offset(0), jnp.int32)
+        present = jnp.ones(contexts.shape[:-1], bool)
+        for m in range(1, lay.context + 1):  # longer contexts override shorter ones
+            present = present & (contexts[..., lay.context - m] >= 0)  # its m tokens exist
+            row = jnp.where(hit[..., m - 1] & present, slot[..., m - 1], row)
+        packed = self.rows[...][row]  # [..., 2K]: tokens, then logq's bits
+        return packed[..., :k], jax.lax.bitcast_convert_type(packed[..., k:], jnp.float32)
+
+    def init_state(
+        self, target, prompt_ids, prompt_lens, cache_len, *, config: SpecConfig, target_hidden=None
+    ) -> NgramState:
+        del target, cache_len, target_hidden
+        c = self.layout.context
+        # The last c prompt tokens of each row (-1 before its start): lens - c .. lens - 1.
+        pos = prompt_lens[:, None] - c + jnp.arange(c, dtype=jnp.int32)[None, :]
+        taken = jnp.take_along_axis(prompt_ids, jnp.maximum(pos, 0), axis=1)
+        history = jnp.where(pos >= 0, taken, -1).astype(jnp.int32)
+        proposed = jnp.zeros((prompt_ids.shape[0], config.tree.num_nodes), jnp.int32)
+        return NgramState(history=history, proposed=proposed)
+
+    def propose(
+        self,
+        state: NgramState,
+        target,
+        ctx: RootContext,
+        keys,
+        *,
+        config: SpecConfig,
+        sampling: SamplingConfig,
+    ) -> tuple[DraftTree, NgramState]:
+        del target, keys, sampling  # deterministic: the same tree whatever the sampling
+        tree_cfg = config.tree
+        if tree_cfg.is_dynamic:
+            raise ValueError(
+                "the n-gram drafter drafts static trees: pass TreeConfig(branching=...) or "
+                "TreeConfig.chain(k), not a dynamic budget"
+            )
+        b, c = ctx.root.shape[0], self.layout.context
+        parents, depth = tree_constants(tree_cfg, b)
+        # Level by level: the frontier's contexts [B, W, C], each node's children the top
+        # entries of its row. Levels are concatenated once at the end (fewer ops a step).
+        front = jnp.concatenate([state.history[:, 1:], ctx.root[:, None]], axis=1)[:, None]
+        level_tokens, level_logq = [ctx.root[:, None]], [jnp.zeros((b, 1), jnp.float32)]
+        for kids in tree_cfg.branching:
+            cand, cand_logq = self.lookup(front)  # [B, W, K]
+            if kids > self.layout.topk:  # the tables know K: further children repeat the
+                extra = kids - self.layout.topk  # last at the floor probability
+                cand = jnp.concatenate([cand, jnp.repeat(cand[..., -1:], extra, -1)], -1)
+                floor = jnp.full((*cand_logq.shape[:-1], extra), LOGQ_FLOOR, jnp.float32)
+                cand_logq = jnp.concatenate([cand_logq, floor], -1)
+            child = cand[..., :kids]
+            width = front.shape[1]
+            level_tokens.append(child.reshape(b, width * kids))
+            level_logq.append(cand_logq[..., :kids].reshape(b, width * kids))
+            shifted = jnp.broadcast_to(front[:, :, None, 1:], (b, width, kids, c - 1))
+            front = jnp.concatenate([shifted, child[..., None]], axis=-1)
+            front = front.reshape(b, width * kids, c)
+        tokens = jnp.concatenate(level_tokens, axis=1)
+        tree = DraftTree(
+            tokens=tokens,
+            parents=parents,
+            depth=depth,
+            valid=jnp.ones(tokens.shape, bool),
+            draft_prob=jnp.exp(jnp.concatenate(level_logq, axis=1)),
+        )
+        return tree, state.replace(proposed=tokens)
+
+    def commit(
+        self,
+        state: NgramState,
+        acceptance: Acceptance,
+        advance,
+        *,
+        live=None,
+        config: SpecConfig,
+        target=None,
+        target_hidden=None,
+    ) -> NgramState:
+        """The history moves by advance [B] tokens: the root and the accepted path."""
+        del live, config, target, target_hidden
+        c = self.layout.context
+        path_tokens = jnp.take_along_axis(state.proposed, acceptance.path, axis=1)  # [B, P]
+        full = jnp.concatenate([state.history, path_tokens], axis=1)  # [B, C + P]
+        window = advance[:, None] + jnp.arange(c, dtype=jnp.int32)[None, :]
+        return state.replace(history=jnp.take_along_axis(full, window, axis=1))
+
+
+def save_ngram_drafter(drafter: NgramDrafter, out_dir: str | Path, header: dict) -> Path:
+    """Write the tables (orbax, TABLES/) and HEADER (the layout, the vocabulary size and the
+    caller's fields: how the tables were built, the target's fingerprint)."""
+    import orbax.checkpoint as ocp  # imported on use: it is slow to import
+
+    out_dir = Path(out_dir).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    arrays = {
+        "fingerprints": np.asarray(drafter.fingerprints[...]),
+        "tokens": drafter.table_tokens,
+        "logq": drafter.table_logq,
+    }
+    with ocp.StandardCheckpointer() as ckptr:
+        ckptr.save(out_dir / TABLES, arrays, force=True)
+    lay = drafter.layout
+    full = {
+        "format": FORMAT,
+        "version": VERSION,
+        "kind": "ngram",
+        "context": lay.context,
+        "topk": lay.topk,
+        "sizes": list(lay.sizes),
+        "vocab_size": drafter.vocab_size,
+        **header,
+    }
+    (out_dir / HEADER).write_text(json.dumps(full, indent=2) + "\n")
+    return out_dir
+
+
+def is_ngram_dir(path: str | Path) -> bool:
+    return (Path(path) / HEADER).exists()
+
+
+def read_ngram_header(path: str | Path) -> dict:
+    """HEADER of an n-gram drafter directory; ValueError naming the file when it is malformed."""
+    header_path = Path(path) / HEADER
+    try:
+        header = json.loads(header_path.read_text())
+        if header.get("format") != FORMAT or header.get("version") != VERSION:
+            raise ValueError(
+                f"format {header.get('format')!r} version {header.get('version')!r}; this "
+                f"specjax reads {FORMAT!r} version {VERSION}"
+            )
+        NgramLayout(int(header["context"]), int(header["topk"]), tuple(header["sizes"]))
+        int(header["vocab_size"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"{header_path}: not a valid n-gram drafter header ({e})") from e
+    return header
+
+
+def load_ngram_drafter(path: str | Path) -> NgramDrafter:
+    """The NgramDrafter in a directory written by save_ngram_drafter; ValueError naming the path
+    for a malformed header or missing or damaged tables."""
+    path = Path(path).resolve()
+    header = read_ngram_header(path)
+    layout = NgramLayout(int(header["context"]), int(header["topk"]), tuple(header["sizes"]))
+    vocab = int(header["vocab_size"])
+    import orbax.checkpoint as ocp
+
+    h, k = layout.slots, layout.topk
+    abstract = {
+        "fingerprints": jax.ShapeDtypeStruct((h,), jnp.uint16),
+        "tokens": jax.ShapeDtypeStruct((h, k), jnp.int32),
+        "logq": jax.ShapeDtypeStruct((h, k), jnp.float32),
+    }
+    try:
+        with ocp.StandardCheckpointer() as ckptr:
+            arrays = ckptr.restore(path / TABLES, abstract)
+    except Exception as e:  # orbax / tensorstore raise many types for damaged files
+        raise ValueError(
+            f"{path / TABLES}: the n-gram tables are missing or damaged ({type(e).__name__}: "
+            f"{str(e).strip()[:300]}): copy the whole directory again, or build it again"
+        ) from e
+    tokens = np.asarray(arrays["tokens"])
+    if tokens.size and (tokens.min() < 0 or tokens.max() >= vocab):
+        raise ValueError(f"{path}: n-gram tables hold token ids outside [0, {vocab})")
+    drafter = NgramDrafter(layout, arrays["fingerprints"], tokens, arrays["logq"],
+                           vocab_size=vocab)  # fmt: skip
+    drafter.checkpoint_dir = str(path)
+    return drafter
