@@ -47,6 +47,9 @@ QUANTUM = 0.1  # each distinct shift may time its own candidate trees (specjax.c
 MAX_CALLS = 256  # the latest calls kept per key
 HALF_LIFE_CALLS = 8.0  # a call's weight halves with every 8 default calls after it
 SHIFT_RANGE = (0.05, 2.0)
+# The fit is rounded to QUANTUM: 20 halvings of SHIFT_RANGE leave ~2e-6, far below it (each
+# halving costs a prediction per tree the kept calls ran: a call of a small model lasts ms).
+BISECTIONS = 20
 
 
 @dataclasses.dataclass
@@ -137,14 +140,12 @@ def fit_shift(calls: Sequence[Observation], prior_steps: float = PRIOR_STEPS) ->
         steps_by_pair[pair] = steps_by_pair.get(pair, 0.0) + weight(c) * s
         observed += weight(c) * t
     first = calls[0]
+    calibrated = predicted_tau(first.profiles, first.tree, 1.0)
 
     def excess(shift: float) -> float:
         predicted = sum(s * predicted_tau(profiles, tree, shift)
                         for (profiles, tree), s in steps_by_pair.items())  # fmt: skip
-        prior = prior_steps * (
-            predicted_tau(first.profiles, first.tree, shift)
-            - predicted_tau(first.profiles, first.tree, 1.0)
-        )
+        prior = prior_steps * (predicted_tau(first.profiles, first.tree, shift) - calibrated)
         return predicted + prior - observed
 
     lo, hi = SHIFT_RANGE
@@ -152,7 +153,7 @@ def fit_shift(calls: Sequence[Observation], prior_steps: float = PRIOR_STEPS) ->
         return lo
     if excess(hi) <= 0:
         return hi
-    for _ in range(40):
+    for _ in range(BISECTIONS):
         mid = 0.5 * (lo + hi)
         lo, hi = (mid, hi) if excess(mid) < 0 else (lo, mid)
     return 0.5 * (lo + hi)

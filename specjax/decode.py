@@ -23,6 +23,7 @@ from flax import nnx
 from specjax import token_choice
 from specjax.cache import KVCache, init_cache
 from specjax.config import ModelConfig, SamplingConfig
+from specjax.module_split import split as split_module
 from specjax.prefill import prefill
 from specjax.sampling import apply_sampling, sample_rows
 from specjax.sharding import (
@@ -351,7 +352,7 @@ def generate(
     eos = check_eos(eos_id, cfg)
     ids, lens = prepare_prompts(prompts, cfg, max_new_tokens)
     keys = prepare_keys(key, ids.shape[0])
-    graphdef, params = nnx.split(model)
+    graphdef, params = split_module(model)
     ids, lens = jnp.asarray(ids), jnp.asarray(lens)
     mesh = mesh_of(params)
     if mesh is not None:  # a model placed by load(mesh=...) / shard_model: rows over 'data'
@@ -398,5 +399,5 @@ def score(model, sequences, *, attn_impl: str = "auto") -> tuple[jax.Array, jax.
     [B, T-1]): logp[b, t] = log p(x[t+1] | x[:t+1]); mask marks real (non-padding) tokens.
     """
     ids, lens = prepare_prompts(sequences, model.config, max_new_tokens=1)
-    graphdef, params = nnx.split(model)
+    graphdef, params = split_module(model)
     return _score(graphdef, params, jnp.asarray(ids), jnp.asarray(lens), attn_impl=attn_impl)

@@ -60,6 +60,7 @@ from specjax.decode import (
     prepare_prompts,
 )
 from specjax.models.exit_head import ExitLogits
+from specjax.module_split import split as split_module
 from specjax.sampling import apply_sampling, sample
 from specjax.speculative import _write_tokens
 from specjax.tree import DraftTree, causal_mask, chain_tree
@@ -474,8 +475,8 @@ def hispec_generate(
     ids, lens = prepare_prompts(prompts, target.config, max_new_tokens,
                                 extra_slots=hispec.slots + 2)  # fmt: skip
     keys = prepare_keys(key, ids.shape[0])
-    target_def, target_params = nnx.split(target)
-    hispec_def, hispec_params = nnx.split(hispec)
+    target_def, target_params = split_module(target)
+    hispec_def, hispec_params = split_module(hispec)
     return _hispec(
         target_def, target_params, hispec_def, hispec_params, jnp.asarray(ids), jnp.asarray(lens),
         keys, jnp.int32(eos), max_new_tokens=max_new_tokens, sampling=sampling,

@@ -43,6 +43,7 @@ from specjax.decode import (
     row_phases,
 )
 from specjax.drafters.base import RootContext
+from specjax.module_split import split as split_module
 from specjax.rows import put_rows, take_rows, without_caches
 from specjax.sharding import check_batch, constrain_rows, mesh_of, onto_mesh, place_rows, use_mesh
 from specjax.tree import Acceptance, DraftTree, ancestor_mask, static_ancestor_mask
@@ -534,9 +535,9 @@ class SteppedRun:
         verifier, ids, lens, keys, eos = _prepare_run(
             target, drafter, prompts, max_new_tokens, config, sampling, key, eos_id, verifier
         )
-        target_def, target_params = nnx.split(target)
-        drafter_def, drafter_params = nnx.split(drafter)
-        verifier_def, verifier_params = nnx.split(verifier)
+        target_def, target_params = split_module(target)
+        drafter_def, drafter_params = split_module(drafter)
+        verifier_def, verifier_params = split_module(verifier)
         self._static = dict(max_new_tokens=max_new_tokens, config=config, sampling=sampling)
         self._parts = (
             target_def, target_params, drafter_def, drafter_params, verifier_def, verifier_params
@@ -609,9 +610,9 @@ def speculative_decode(
     verifier, ids, lens, keys, eos = _prepare_run(
         target, drafter, prompts, max_new_tokens, config, sampling, key, eos_id, verifier
     )
-    target_def, target_params = nnx.split(target)
-    drafter_def, drafter_params = nnx.split(drafter)
-    verifier_def, verifier_params = nnx.split(verifier)
+    target_def, target_params = split_module(target)
+    drafter_def, drafter_params = split_module(drafter)
+    verifier_def, verifier_params = split_module(verifier)
     ids, lens = jnp.asarray(ids), jnp.asarray(lens)
     mesh = mesh_of(target_params)
     if mesh is not None:
