@@ -124,11 +124,15 @@ def weight(c: Observation, half_life: float = HALF_LIFE_CALLS) -> float:
     return 2.0 ** (-c.age / half_life)
 
 
-def fit_shift(calls: Sequence[Observation], prior_steps: float = PRIOR_STEPS) -> float:
+def fit_shift(
+    calls: Sequence[Observation], prior_steps: float = PRIOR_STEPS, quantum: float | None = None
+) -> float:
     """The shift at which the calls' profiles predict the tokens their speculative steps emitted
     (each call's steps and tokens weighted by `weight`: recent calls count more), with the
     calibration (shift 1 on the first call's tree) weighing prior_steps steps. Predicted tokens
-    grow with the shift; bisection within SHIFT_RANGE."""
+    grow with the shift; bisection within SHIFT_RANGE. quantum: stop as soon as both ends of
+    the interval round to the same multiple of it (the caller rounds the shift so anyway; ~6
+    halvings instead of BISECTIONS, each a prediction per tree the kept calls ran)."""
     # Calls sharing profiles and tree predict alike: their weighted steps are summed once, so
     # a bisection step costs a few predictions, not one per kept call (up to MAX_CALLS: ~1 ms
     # a default call otherwise, as much as a whole call of a small target).
@@ -154,6 +158,8 @@ def fit_shift(calls: Sequence[Observation], prior_steps: float = PRIOR_STEPS) ->
     if excess(hi) <= 0:
         return hi
     for _ in range(BISECTIONS):
+        if quantum is not None and round(lo / quantum) == round(hi / quantum):
+            break
         mid = 0.5 * (lo + hi)
         lo, hi = (mid, hi) if excess(mid) < 0 else (lo, mid)
     return 0.5 * (lo + hi)
@@ -168,7 +174,7 @@ def current_shift(key: tuple) -> float:
     calls = [c for c in entry[2] if c.counts()[0] > 0]
     if not calls:
         return 1.0
-    return max(QUANTUM, round(round(fit_shift(calls) / QUANTUM) * QUANTUM, 6))
+    return max(QUANTUM, round(round(fit_shift(calls, quantum=QUANTUM) / QUANTUM) * QUANTUM, 6))
 
 
 def reset() -> None:
