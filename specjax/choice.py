@@ -120,15 +120,18 @@ class Choice:
     @property
     def predicted_speedup(self) -> float:
         """The call's predicted speedup over plain decoding of the same call (for_call): the
-        prefill and new_tokens plain tokens against the prefill and new_tokens / tau steps.
-        Left out: compilation, and the call's own choosing (choose_seconds: ~5 ms a call for
-        SmolLM2 once its costs are kept, but a first call's measurements, seconds, would
-        make the prediction describe that one call). Without a call, step_speedup."""
+        prefill and new_tokens plain tokens against the prefill, the call's own choosing and
+        new_tokens / tau steps. The choosing counts only when it took less than the prefill:
+        a call that measured costs spends seconds on it, which would make the prediction
+        describe that one call; once costs are kept it is ~0.3 ms (stories260K) to ~5 ms
+        (SmolLM2), a tenth of a 128-token stories260K call. Left out: compilation. Without a
+        call, step_speedup."""
         if self.new_tokens == 0:
             return self.step_speedup
         plain = self.prefill_seconds + self.new_tokens * self.ar_seconds_per_token
         steps = self.new_tokens / self.predicted_tau * self.seconds_per_step
-        return plain / (self.prefill_seconds + steps)
+        choosing = self.choose_seconds if self.choose_seconds < self.prefill_seconds else 0.0
+        return plain / (self.prefill_seconds + choosing + steps)
 
     def for_call(self, *, new_tokens: int, prefill_seconds: float, choose_seconds: float):
         """This choice's predictions for a call of new_tokens tokens per row whose prefill takes

@@ -57,16 +57,20 @@ def test_call_speedup_counts_the_prefill():
                     candidates=3)  # fmt: skip
     assert choice.predicted_speedup == pytest.approx(4 / 3)  # no call: the steps alone
     call = choice.for_call(new_tokens=10, prefill_seconds=1.0, choose_seconds=0.5)
-    # plain: 1 + 10 x 1; speculative: 1 + 10 / 2 x 1.5 (the choosing is reported, not predicted)
-    assert call.predicted_speedup == pytest.approx(11 / 8.5)
+    # plain: 1 + 10 x 1; speculative: 1 + 0.5 (choosing, less than the prefill) + 10 / 2 x 1.5
+    assert call.predicted_speedup == pytest.approx(11 / 9.0)
     assert call.step_speedup == pytest.approx(4 / 3)
     stats = call.stats()
     chex.assert_trees_all_close(
         (stats["predicted_speedup"], stats["predicted_step_speedup"], stats["prefill_s"],
          stats["choose_s"]),
-        (11 / 8.5, 4 / 3, 1.0, 0.5),
+        (11 / 9.0, 4 / 3, 1.0, 0.5),
     )  # fmt: skip
+    # A call that measured costs (choosing longer than its prefill): reported, not predicted.
+    measuring = choice.for_call(new_tokens=10, prefill_seconds=1.0, choose_seconds=30.0)
+    assert measuring.predicted_speedup == pytest.approx(11 / 8.5)
+    # The default call that decodes plainly pays its choosing too.
     plain = Choice(None, 1.0, 1.0, 1.0, candidates=3).for_call(
         new_tokens=10, prefill_seconds=1.0, choose_seconds=0.5
     )
-    assert plain.predicted_speedup == pytest.approx(1.0)
+    assert plain.predicted_speedup == pytest.approx(11 / 11.5)
