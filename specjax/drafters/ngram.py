@@ -115,19 +115,10 @@ class NgramState:
 class NgramDrafter(nnx.Module):
     """A Drafter proposing static trees (TreeConfig.branching) from n-gram tables.
 
-    fingerprints [H] uint16 (0: empty slot), tokens [H, K] int32 (continuations, most frequent
-    first), logq [H, K] float32 (their log relative frequency), laid out by `layout`.
+    Built from fingerprints [H] uint16 (0: empty slot), tokens [H, K] int32 (continuations, most
+    frequent first) and logq [H, K] float32 (their log relative frequency), laid out by
+    `layout`; H = layout.slots.
     """
-
-    @property
-    def table_tokens(self) -> np.ndarray:
-        """[H, K] int32 the stored continuations."""
-        return np.asarray(self.rows[...][:, : self.layout.topk])
-
-    @property
-    def table_logq(self) -> np.ndarray:
-        """[H, K] float32 their log relative frequencies."""
-        return np.ascontiguousarray(self.rows[...][:, self.layout.topk :]).view(np.float32)
 
     feature_layers: tuple[int, ...] = ()
     samples_children = False  # children are the table's top-k: one-hot tree rule when sampling
@@ -148,6 +139,16 @@ class NgramDrafter(nnx.Module):
         columns = (np.asarray(tokens, np.int32), np.asarray(logq, np.float32).view(np.int32))
         self.rows = nnx.Variable(jnp.asarray(np.concatenate(columns, axis=1)))
         self.pre_verifier = nnx.data(None)  # none trained for n-gram drafters
+
+    @property
+    def table_tokens(self) -> np.ndarray:
+        """[H, K] int32 the stored continuations."""
+        return np.asarray(self.rows[...][:, : self.layout.topk])
+
+    @property
+    def table_logq(self) -> np.ndarray:
+        """[H, K] float32 their log relative frequencies."""
+        return np.ascontiguousarray(self.rows[...][:, self.layout.topk :]).view(np.float32)
 
     def check_compatible(self, target) -> None:
         if target.config.vocab_size != self.vocab_size:
