@@ -372,8 +372,8 @@ class PlainStart:
 def plain_decoding_start(target, *, batch: int, context: int, max_new_tokens: int):
     """(start, params, ids, lens): a PlainStart of `batch` filler prompts of `context` tokens
     with room for max_new_tokens, the target's params and the padded prompts [B, T] and
-    lengths [B] to call it with (what plain_decoding_step times a token after, and
-    specjax.prefill_costs times itself)."""
+    lengths [B] to call it with (what plain_decoding_step times a token after; the prefill
+    itself is timed as a whole call by specjax.prefill_costs)."""
     from specjax.config import SamplingConfig
     from specjax.decode import prepare_keys, prepare_prompts
 
