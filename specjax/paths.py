@@ -19,6 +19,7 @@ STORIES260K_MDC = "checkpoints/stories260K-mdc"
 STORIES260K_EAGLE = "checkpoints/stories260K-eagle"
 # n-gram tables of the target's own continuations (experiments/train_ngram_drafter.py).
 STORIES260K_NGRAM = "checkpoints/stories260K-ngram"
+SMOLLM2_NGRAM = "checkpoints/smollm2-ngram"
 
 
 def repo_dir() -> Path:

@@ -1,7 +1,7 @@
 """The n-gram drafter (specjax.drafters.ngram, tables from specjax.train.ngram): hashing, lookup
-with back-off, the history it keeps across steps, losslessness (greedy equality over trees,
-batches and the cache's end; the one-hot tree rule's distribution when sampling), and its
-checkpoint's round trip and errors."""
+with back-off, the text lookup, the history and text it keeps across steps, losslessness (greedy
+equality over trees, batches and the cache's end; the one-hot tree rule's distribution when
+sampling), and its checkpoint's round trip and errors."""
 
 import dataclasses
 import json
@@ -21,12 +21,13 @@ from specjax.drafters import load_drafter
 from specjax.drafters.ngram import (
     HEADER,
     NgramLayout,
+    match_text,
     order_hashes,
     save_ngram_drafter,
     slots_and_fingerprints,
 )
 from specjax.train.checkpoint import target_fingerprint
-from specjax.train.ngram import build_tables
+from specjax.train.ngram import build_tables, lookup_hit_rates, lookup_logq_from
 
 LIVELY = dataclasses.replace(TINY, vocab_size=64, max_seq_len=96)
 TEST_PROMPTS = [[5, 9, 2], [3, 1, 4, 1, 5, 9, 2, 6], [7]]  # ragged: left padding
@@ -93,6 +94,127 @@ def lively():
     return target, drafter
 
 
+@pytest.fixture(scope="module")
+def lively_lookup(lively):
+    """The same target with small tables of other prompts' text and a text lookup of up to 4
+    tokens: the row's own text decides most drafts."""
+    target, _ = lively
+    prompts = [[1 + i % 5, 2 + i % 3] for i in range(6)]
+    out = specjax.generate(target, prompts, max_new_tokens=24)
+    seqs = [p + list(np.asarray(t)) for p, t in zip(prompts, out.tokens, strict=True)]
+    drafter, report = build_tables(seqs, vocab_size=LIVELY.vocab_size, context=2, topk=2,
+                                   lookup=4, starts=[len(p) for p in prompts])  # fmt: skip
+    assert sum(report["lookup_tries"]) > 0
+    return target, drafter
+
+
+def host_text_match(text, context, longest):
+    """(token, length) of the latest longest match of context's tail in text (the token after
+    it), by brute force; (None, 0) when not even the last token occurs."""
+    best = (0, -1)
+    for j in range(len(text)):
+        m = 0
+        while m < min(longest, len(context), j) and text[j - 1 - m] == context[-1 - m]:
+            m += 1
+        if m and (m, j) >= best:
+            best = (m, j)
+    return (text[best[1]], best[0]) if best[0] else (None, 0)
+
+
+def test_text_match_takes_the_latest_longest_match():
+    rng = np.random.default_rng(3)
+    for trial in range(40):
+        length, s = int(rng.integers(1, 30)), 5
+        text = rng.integers(0, 4, (2, length)).tolist()
+        known = rng.integers(1, length + 1, (2,))
+        contexts = rng.integers(0, 4, (2, 3, s))
+        contexts[0, 0, :2] = -1  # a context shorter than S
+        token, order = match_text(
+            jnp.asarray(text, jnp.int32), jnp.asarray(known, jnp.int32),
+            jnp.asarray(contexts, jnp.int32), 4,
+        )  # fmt: skip
+        for b in range(2):
+            for w in range(3):
+                ctx = [t for t in contexts[b, w].tolist() if t >= 0]
+                want_token, want_order = host_text_match(text[b][: known[b]], ctx, 4)
+                assert int(order[b, w]) == want_order, (trial, b, w)
+                if want_order:
+                    assert int(token[b, w]) == want_token, (trial, b, w)
+
+
+def test_lookup_hit_rates_count_the_latest_longest_match():
+    # at 3 ("1 2" seen, then 3): hit at length 2; at 4 (after "2 3"? no: "3" seen once, then 1)
+    tries, hits = lookup_hit_rates([[1, 2, 3, 1, 2, 3, 1, 2, 4]], 2)
+    # positions 3.. : 1 (after 3: seen "3"? no), 2 (after "3 1"? no, "1" -> 2 yes, length 1),
+    # 3 ("1 2" -> 3, length 2), 1 ("2 3" -> 1), 2 ("3 1" -> 2), 4 ("1 2" -> 3: miss)
+    assert tries == [1, 4] and hits == [1, 3]
+    q = lookup_logq_from(tries, hits)
+    np.testing.assert_allclose(np.exp(q), [1.0, 0.75])
+    assert lookup_logq_from([0, 2], [0, 0])[0] == pytest.approx(np.log(0.5))
+    assert lookup_logq_from([0, 2], [0, 0])[1] == pytest.approx(np.log(1e-3))
+
+
+@pytest.mark.parametrize(
+    "tree",
+    [
+        TreeConfig.chain(1),
+        TreeConfig.chain(5),
+        TreeConfig(branching=(2, 1)),
+        TreeConfig(branching=(3, 2, 1)),
+    ],
+    ids=["chain1", "chain5", "2-1", "3-2-1"],
+)
+def test_text_lookup_greedy_equals_generate_across_trees_batches_and_the_cache_end(
+    lively_lookup, tree
+):
+    target, drafter = lively_lookup
+    for batch, new in ((1, 40), (3, 40), (3, LIVELY.max_seq_len - 8 - tree.num_nodes - 2)):
+        rows = TEST_PROMPTS[:batch]
+        ref = specjax.generate(target, rows, max_new_tokens=new)
+        out = specjax.speculative_generate(
+            target, drafter, rows, max_new_tokens=new, config=SpecConfig(tree=tree)
+        )
+        chex.assert_trees_all_equal(out.tokens, ref.tokens)
+        chex.assert_trees_all_equal(out.lengths, ref.lengths)
+
+
+def test_text_lookup_follows_the_committed_text(lively_lookup):
+    """Every node's text match is the one a host replay finds in the committed text (prompt,
+    then root + accepted path each step): the call takes exactly the replay's steps. A text
+    written one position off, or a root left out, would stay lossless but take other steps."""
+    target, drafter = lively_lookup
+    c = drafter.layout.context
+
+    def guess(text, context):  # (token, whether the text's match gave it)
+        row = jnp.asarray([([-1] * c + context)[-c:]], jnp.int32)
+        tokens, _, order = drafter.table_lookup(row)
+        found, length = host_text_match(text, context, drafter.lookup_len)
+        if length and length >= int(order[0]):
+            return found, True
+        return int(tokens[0, 0]), False
+
+    prompts, from_text = TEST_PROMPTS, 0
+    for k in (1, 4):
+        out = specjax.speculative_generate(
+            target, drafter, prompts, max_new_tokens=48, config=SpecConfig(tree=TreeConfig.chain(k))
+        )
+        for b, prompt in enumerate(prompts):
+            seq = prompt + np.asarray(out.tokens[b]).tolist()
+            pos, steps = len(prompt), 0  # seq[pos] is the pending root
+            while pos < len(seq) - 1:
+                accepted = 0
+                while accepted < k and pos + 1 + accepted < len(seq):
+                    token, text_gave = guess(seq[: pos + 1], seq[: pos + 1 + accepted])
+                    if token != seq[pos + 1 + accepted]:
+                        break
+                    from_text += text_gave
+                    accepted += 1
+                pos += accepted + 1
+                steps += 1
+            assert int(np.asarray(out.stats["target_calls"])[b]) == steps, (k, b)
+    assert from_text > 10, from_text  # the text's matches were drafted and accepted
+
+
 @pytest.mark.parametrize(
     "tree",
     [
@@ -157,15 +279,17 @@ def test_history_follows_the_committed_tokens(lively):
             assert int(np.asarray(out.stats["target_calls"])[b]) == want, (k, b)
 
 
-def test_sampled_ngram_trees_keep_the_target_distribution(optimized_loop):
-    """Children are the tables' top-k (one-hot tree rule): the joint distribution of the first
-    tokens over N_ROWS sampled rows is the target's exact one."""
+@pytest.mark.parametrize("lookup", [0, 3], ids=["tables", "text-lookup"])
+def test_sampled_ngram_trees_keep_the_target_distribution(optimized_loop, lookup):
+    """Children are the tables' top-k, the text's token first where it matches (one-hot tree
+    rule): the joint distribution of the first tokens over N_ROWS sampled rows is the target's
+    exact one."""
     target = sharpened(CFG, 3, 3.0)
     keys = jax.random.split(jax.random.key(5), 64)
     sampled = specjax.generate(target, [PROMPT] * 64, max_new_tokens=12,
                                sampling=SamplingConfig(temperature=1.0), key=keys)  # fmt: skip
     seqs = [PROMPT + list(np.asarray(t)) for t in sampled.tokens]
-    drafter, _ = build_tables(seqs, vocab_size=CFG.vocab_size, context=2, topk=2)
+    drafter, _ = build_tables(seqs, vocab_size=CFG.vocab_size, context=2, topk=2, lookup=lookup)
     tree = TreeConfig(branching=(2, 1))
     sampling = SamplingConfig(temperature=1.0)
     n = observed_tokens(tree)
@@ -210,3 +334,23 @@ def test_checkpoint_round_trip_and_errors(lively, tmp_path):
             f.write_bytes(b"damaged")
     with pytest.raises(ValueError, match="missing or damaged"):
         load_drafter(folder, target)
+
+
+def test_text_lookup_round_trips_and_version_1_reads_as_tables_only(lively_lookup, tmp_path):
+    target, drafter = lively_lookup
+    header = {"target_name": "lively", "target_fingerprint": target_fingerprint(target)}
+    folder = save_ngram_drafter(drafter, tmp_path / "ng", header)
+    loaded = load_drafter(folder, target)
+    assert loaded.lookup_len == 4 and loaded.lookup_logq == drafter.lookup_logq
+    stored = json.loads((folder / HEADER).read_text())
+    old = {k: v for k, v in stored.items() if k not in ("lookup", "lookup_logq")}
+    (folder / HEADER).write_text(json.dumps({**old, "version": 1}))
+    assert load_drafter(folder, target).lookup_len == 0
+    (folder / HEADER).write_text(json.dumps({**stored, "lookup_logq": [-0.1]}))
+    with pytest.raises(ValueError, match="not a valid n-gram drafter header"):
+        load_drafter(folder, target)
+    with pytest.raises(ValueError, match="one log-probability <= 0 per match length"):
+        type(drafter)(
+            drafter.layout, drafter.fingerprints[...], drafter.table_tokens, drafter.table_logq,
+            vocab_size=LIVELY.vocab_size, lookup=2, lookup_logq=(0.5, -1.0),
+        )  # fmt: skip

@@ -11,11 +11,19 @@ from specjax.train.ngram: greedy continuations the target wrote for training pro
 for every context of 1..C tokens; each stored row holds its K most frequent continuations,
 topped up from shorter contexts, so a lookup returns K distinct tokens whatever order hit.
 
-Lookup: every order m = 1..C hashes the node's last m tokens (FNV-1a over the token ids, then
+Table lookup: every order m = 1..C hashes the node's last m tokens (FNV-1a over the token ids, then
 murmur3's finalizer) to a slot of its own table and to a 16-bit fingerprint; the longest context
 whose slot holds its fingerprint wins, the unigram row when none does. A fingerprint collision
 gives a worse draft, never a wrong output: the drafter only proposes. Children are top-K
 (samples_children False), so sampled decoding verifies with the one-hot tree rule.
+
+Text lookup (`lookup` > 0, prompt-lookup decoding): the row's own text (prompt, committed
+tokens, the root) is searched for the latest place where the node's last 1..lookup tokens occur,
+and the token that followed there is proposed. A chat model's answer repeats its prompt and
+itself (names, code, lists), which no table of other answers knows. The longer match wins, the
+text on a tie; the text's token then takes the first child and the table's the others. Its logq
+is the rate at which a match of that length predicted the next token on the tables' own data
+(`lookup_logq`, measured by the builder), so the draft probabilities stay comparable.
 """
 
 from __future__ import annotations
@@ -36,7 +44,8 @@ from specjax.drafters.lm import tree_constants
 from specjax.tree import LOGQ_FLOOR, Acceptance, DraftTree
 
 FORMAT = "specjax-ngram-drafter"
-VERSION = 1
+VERSION = 2  # 2 added the text lookup ("lookup", "lookup_logq"); version 1 files read as lookup 0
+READS = (1, 2)
 HEADER = "ngram.json"
 TABLES = "tables"  # orbax folder beside the header
 _PRIME = 16777619  # FNV-1a 32-bit
@@ -108,8 +117,36 @@ class NgramLayout:
 
 @flax.struct.dataclass
 class NgramState:
-    history: jax.Array  # [B, C] the last C committed tokens, ending at position lengths - 1
+    history: jax.Array  # [B, S] the last S committed tokens, ending at position lengths - 1
     proposed: jax.Array  # [B, N] the last proposed tree's tokens (commit reads the path's)
+    text: jax.Array  # [B, L] the committed tokens (-1 past them); L = 0 without text lookup
+    filled: jax.Array  # [B] how many tokens of text are committed (the root sits at filled)
+
+
+def match_text(text, known, contexts, longest: int) -> tuple[jax.Array, jax.Array]:
+    """(token [B, W], order [B, W]): for each context [B, W, S] (oldest first, -1 where there is
+    no token), the token that followed the latest of its longest matches, up to `longest`
+    tokens, in text [B, L], among positions j < known [B] (text[j] must be a real token); order 0
+    where not even its last token occurs (token is then text[0], unused). Elementwise over
+    [B, W, L] for each order: cheap beside a target forward, whose cost grows with L as well."""
+    b, length = text.shape
+    s = contexts.shape[-1]
+    pos = jnp.arange(length, dtype=jnp.int32)
+    alive = jnp.ones(contexts.shape[:2] + (length,), bool)
+    matched = jnp.zeros(contexts.shape[:2] + (length,), jnp.int32)
+    for k in range(1, longest + 1):  # text[j - k] against the context's k-th last token
+        before = jnp.pad(text, ((0, 0), (k, 0)), constant_values=-2)[:, None, :length]
+        want = contexts[..., s - k, None]
+        alive = alive & (before == want) & (want >= 0)
+        matched = matched + alive
+    usable = (pos[None, None, :] < known[:, None, None]) & (matched > 0)
+    score = jnp.where(usable, matched * length + pos, -1)  # longest, then latest
+    best = jnp.argmax(score, axis=-1)  # [B, W]
+    order = jnp.where(
+        jnp.max(score, axis=-1) >= 0, jnp.take_along_axis(matched, best[..., None], -1)[..., 0], 0
+    )
+    token = jnp.take_along_axis(text, best.reshape(b, -1), axis=1).reshape(best.shape)
+    return token, order
 
 
 class NgramDrafter(nnx.Module):
@@ -124,7 +161,17 @@ class NgramDrafter(nnx.Module):
     samples_children = False  # children are the table's top-k: one-hot tree rule when sampling
     dynamic_trees = False
 
-    def __init__(self, layout: NgramLayout, fingerprints, tokens, logq, *, vocab_size: int):
+    def __init__(
+        self,
+        layout: NgramLayout,
+        fingerprints,
+        tokens,
+        logq,
+        *,
+        vocab_size: int,
+        lookup: int = 0,
+        lookup_logq=(),
+    ):
         h, k = layout.slots, layout.topk
         if np.shape(fingerprints) != (h,) or np.shape(tokens) != (h, k) or np.shape(logq) != (h, k):
             raise ValueError(
@@ -132,13 +179,25 @@ class NgramDrafter(nnx.Module):
                 f"[{h}, {k}] for layout {layout}, got {np.shape(fingerprints)}, "
                 f"{np.shape(tokens)}, {np.shape(logq)}"
             )
+        if lookup < 0 or len(lookup_logq) != lookup or any(q > 0 for q in lookup_logq):
+            raise ValueError(
+                "n-gram text lookup needs lookup >= 0 and one log-probability <= 0 per match "
+                f"length 1..lookup, got lookup {lookup} and lookup_logq {tuple(lookup_logq)}"
+            )
         self.layout = layout
         self.vocab_size = vocab_size
+        self.lookup_len = lookup
+        self.lookup_logq = tuple(float(q) for q in lookup_logq)
         self.fingerprints = nnx.Variable(jnp.asarray(fingerprints, jnp.uint16))
         # [H, 2K] int32: the tokens, then logq's bits, so that the winning row is one gather.
         columns = (np.asarray(tokens, np.int32), np.asarray(logq, np.float32).view(np.int32))
         self.rows = nnx.Variable(jnp.asarray(np.concatenate(columns, axis=1)))
         self.pre_verifier = nnx.data(None)  # none trained for n-gram drafters
+
+    @property
+    def span(self) -> int:
+        """Tokens of history a node's context needs: the tables' C and the text lookup's."""
+        return max(self.layout.context, self.lookup_len)
 
     @property
     def table_tokens(self) -> np.ndarray:
@@ -159,7 +218,13 @@ class NgramDrafter(nnx.Module):
 
     def lookup(self, contexts: jax.Array) -> tuple[jax.Array, jax.Array]:
         """(tokens [..., K], logq [..., K]) for contexts [..., C] (oldest first; -1 where the
-        sequence has no token yet): the row of the longest context found.
+        sequence has no token yet): the row of the longest context found in the tables."""
+        tokens, logq, _ = self.table_lookup(contexts)
+        return tokens, logq
+
+    def table_lookup(self, contexts: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """lookup's (tokens [..., K], logq [..., K]) and the length of the context that won
+        [...] (0: the unigram row).
 
         Two gathers whatever C (every length's fingerprint at once, then the winning row) and
         elementwise work XLA fuses: on a CPU each further op of a level costs about a
@@ -171,24 +236,57 @@ class NgramDrafter(nnx.Module):
         slot = slot + jnp.asarray([lay.offset(m) for m in range(1, lay.context + 1)], jnp.int32)
         hit = self.fingerprints[...][slot] == fingerprint  # [..., C]
         row = jnp.full(contexts.shape[:-1], lay.offset(0), jnp.int32)
+        order = jnp.zeros(contexts.shape[:-1], jnp.int32)
         present = jnp.ones(contexts.shape[:-1], bool)
         for m in range(1, lay.context + 1):  # longer contexts override shorter ones
             present = present & (contexts[..., lay.context - m] >= 0)  # its m tokens exist
             row = jnp.where(hit[..., m - 1] & present, slot[..., m - 1], row)
+            order = jnp.where(hit[..., m - 1] & present, m, order)
         packed = self.rows[...][row]  # [..., 2K]: tokens, then logq's bits
-        return packed[..., :k], jax.lax.bitcast_convert_type(packed[..., k:], jnp.float32)
+        return packed[..., :k], jax.lax.bitcast_convert_type(packed[..., k:], jnp.float32), order
+
+    def children(self, state: NgramState, seq, front):
+        """(tokens [B, W, K], logq [B, W, K]) proposed under frontier contexts front [B, W, S]:
+        the tables' row, with the text's token first where its match is at least as long."""
+        c = self.layout.context
+        tokens, logq, order = self.table_lookup(front[..., front.shape[-1] - c :])
+        if not self.lookup_len:
+            return tokens, logq
+        found, found_order = match_text(seq, state.filled + 1, front, self.lookup_len)
+        take = (found_order >= order) & (found_order > 0)  # [B, W]
+        table = jnp.asarray((0.0,) + self.lookup_logq, jnp.float32)
+        tokens = jnp.where(
+            take[..., None], jnp.concatenate([found[..., None], tokens[..., :-1]], -1), tokens
+        )
+        logq = jnp.where(
+            take[..., None],
+            jnp.concatenate([table[found_order][..., None], logq[..., :-1]], -1),
+            logq,
+        )
+        return tokens, logq  # fmt: skip
 
     def init_state(
         self, target, prompt_ids, prompt_lens, cache_len, *, config: SpecConfig, target_hidden=None
     ) -> NgramState:
-        del target, cache_len, target_hidden
-        c = self.layout.context
+        del target, target_hidden
+        c, b = self.span, prompt_ids.shape[0]
         # The last c prompt tokens of each row (-1 before its start): lens - c .. lens - 1.
         pos = prompt_lens[:, None] - c + jnp.arange(c, dtype=jnp.int32)[None, :]
         taken = jnp.take_along_axis(prompt_ids, jnp.maximum(pos, 0), axis=1)
         history = jnp.where(pos >= 0, taken, -1).astype(jnp.int32)
-        proposed = jnp.zeros((prompt_ids.shape[0], config.tree.num_nodes), jnp.int32)
-        return NgramState(history=history, proposed=proposed)
+        proposed = jnp.zeros((b, config.tree.num_nodes), jnp.int32)
+        if self.lookup_len:
+            # Committed tokens stay below cache_len; the slack takes a whole path written at
+            # the last of them (a dynamic_update_slice past the end would move the write).
+            width = cache_len + config.tree.max_depth + 1
+            text = jnp.full((b, width), -1, jnp.int32)
+            t = prompt_ids.shape[1]
+            in_prompt = jnp.arange(t)[None, :] < prompt_lens[:, None]
+            text = text.at[:, :t].set(jnp.where(in_prompt, prompt_ids, -1).astype(jnp.int32))
+        else:
+            text = jnp.zeros((b, 0), jnp.int32)
+        return NgramState(history=history, proposed=proposed, text=text,
+                          filled=prompt_lens.astype(jnp.int32))  # fmt: skip
 
     def propose(
         self,
@@ -207,14 +305,17 @@ class NgramDrafter(nnx.Module):
                 "the n-gram drafter drafts static trees: pass TreeConfig(branching=...) or "
                 "TreeConfig.chain(k), not a dynamic budget"
             )
-        b, c = ctx.root.shape[0], self.layout.context
+        b, c = ctx.root.shape[0], self.span
         parents, depth = tree_constants(tree_cfg, b)
+        seq = state.text
+        if self.lookup_len:  # the root is the text's next token
+            seq = seq.at[jnp.arange(b), state.filled].set(ctx.root)
         # Level by level: the frontier's contexts [B, W, C], each node's children the top
         # entries of its row. Levels are concatenated once at the end (fewer ops a step).
         front = jnp.concatenate([state.history[:, 1:], ctx.root[:, None]], axis=1)[:, None]
         level_tokens, level_logq = [ctx.root[:, None]], [jnp.zeros((b, 1), jnp.float32)]
         for kids in tree_cfg.branching:
-            cand, cand_logq = self.lookup(front)  # [B, W, K]
+            cand, cand_logq = self.children(state, seq, front)  # [B, W, K]
             if kids > self.layout.topk:  # the tables know K: further children repeat the
                 extra = kids - self.layout.topk  # last at the floor probability
                 cand = jnp.concatenate([cand, jnp.repeat(cand[..., -1:], extra, -1)], -1)
@@ -250,11 +351,17 @@ class NgramDrafter(nnx.Module):
     ) -> NgramState:
         """The history moves by advance [B] tokens: the root and the accepted path."""
         del live, config, target, target_hidden
-        c = self.layout.context
+        c = self.span
         path_tokens = jnp.take_along_axis(state.proposed, acceptance.path, axis=1)  # [B, P]
-        full = jnp.concatenate([state.history, path_tokens], axis=1)  # [B, C + P]
+        full = jnp.concatenate([state.history, path_tokens], axis=1)  # [B, S + P]
         window = advance[:, None] + jnp.arange(c, dtype=jnp.int32)[None, :]
-        return state.replace(history=jnp.take_along_axis(full, window, axis=1))
+        state = state.replace(history=jnp.take_along_axis(full, window, axis=1))
+        if not self.lookup_len:
+            return state
+        # The whole path is written; what lies past advance is overwritten before it is read.
+        write = jax.vmap(lambda row, path, at: jax.lax.dynamic_update_slice(row, path, (at,)))
+        text = write(state.text, path_tokens, state.filled)
+        return state.replace(text=text, filled=state.filled + advance)
 
 
 def save_ngram_drafter(drafter: NgramDrafter, out_dir: str | Path, header: dict) -> Path:
@@ -280,6 +387,8 @@ def save_ngram_drafter(drafter: NgramDrafter, out_dir: str | Path, header: dict)
         "topk": lay.topk,
         "sizes": list(lay.sizes),
         "vocab_size": drafter.vocab_size,
+        "lookup": drafter.lookup_len,
+        "lookup_logq": list(drafter.lookup_logq),
         **header,
     }
     (out_dir / HEADER).write_text(json.dumps(full, indent=2) + "\n")
@@ -295,13 +404,16 @@ def read_ngram_header(path: str | Path) -> dict:
     header_path = Path(path) / HEADER
     try:
         header = json.loads(header_path.read_text())
-        if header.get("format") != FORMAT or header.get("version") != VERSION:
+        if header.get("format") != FORMAT or header.get("version") not in READS:
             raise ValueError(
                 f"format {header.get('format')!r} version {header.get('version')!r}; this "
-                f"specjax reads {FORMAT!r} version {VERSION}"
+                f"specjax reads {FORMAT!r} versions {', '.join(map(str, READS))}"
             )
         NgramLayout(int(header["context"]), int(header["topk"]), tuple(header["sizes"]))
         int(header["vocab_size"])
+        lookup, lookup_logq = int(header.get("lookup", 0)), header.get("lookup_logq", [])
+        if lookup < 0 or len(lookup_logq) != lookup:
+            raise ValueError(f"lookup {lookup} with {len(lookup_logq)} lookup_logq entries")
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise ValueError(f"{header_path}: not a valid n-gram drafter header ({e})") from e
     return header
@@ -333,7 +445,9 @@ def load_ngram_drafter(path: str | Path) -> NgramDrafter:
     tokens = np.asarray(arrays["tokens"])
     if tokens.size and (tokens.min() < 0 or tokens.max() >= vocab):
         raise ValueError(f"{path}: n-gram tables hold token ids outside [0, {vocab})")
-    drafter = NgramDrafter(layout, arrays["fingerprints"], tokens, arrays["logq"],
-                           vocab_size=vocab)  # fmt: skip
+    drafter = NgramDrafter(
+        layout, arrays["fingerprints"], tokens, arrays["logq"], vocab_size=vocab,
+        lookup=int(header.get("lookup", 0)), lookup_logq=header.get("lookup_logq", ()),
+    )  # fmt: skip
     drafter.checkpoint_dir = str(path)
     return drafter

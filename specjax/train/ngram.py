@@ -23,13 +23,16 @@ from specjax.drafters.ngram import NgramDrafter, NgramLayout, slots_and_fingerpr
 from specjax.tree import LOGQ_FLOOR
 
 
-def count_continuations(sequences: Iterable[Sequence[int]], context: int) -> list[dict]:
+def count_continuations(
+    sequences: Iterable[Sequence[int]], context: int, starts: Sequence[int] | None = None
+) -> list[dict]:
     """counts[m][ctx] = Counter of the tokens that followed the m-token tuple ctx, for
-    m = 0..context (counts[0][()] is the unigram count)."""
+    m = 0..context (counts[0][()] is the unigram count). starts: per sequence, the first
+    position counted as a continuation (a prompt's tokens are context only); default 1."""
     counts = [defaultdict(Counter) for _ in range(context + 1)]
-    for seq in sequences:
+    for n, seq in enumerate(sequences):
         seq = [int(t) for t in seq]
-        for i in range(1, len(seq)):
+        for i in range(max(1, starts[n]) if starts is not None else 1, len(seq)):
             nxt = seq[i]
             for m in range(min(context, i) + 1):
                 counts[m][tuple(seq[i - m : i])][nxt] += 1
@@ -60,20 +63,64 @@ def _pad(row, topk: int):
     return row
 
 
+def lookup_hit_rates(
+    sequences: Iterable[Sequence[int]], longest: int, starts: Sequence[int] | None = None
+) -> tuple[list[int], list[int]]:
+    """(tries, hits) per match length m = 1..longest of the drafter's text lookup on each
+    sequence itself: at every counted position (from starts[n], default 1) the token that
+    followed the latest longest match of the tokens before it, as specjax.drafters.ngram's
+    match_text picks it, against the token that came."""
+    tries, hits = [0] * longest, [0] * longest
+    for n, seq in enumerate(sequences):
+        seq = [int(t) for t in seq]
+        start = max(1, starts[n]) if starts is not None else 1
+        latest: dict[tuple, int] = {}  # m-gram -> the token after its latest occurrence
+        for i in range(1, len(seq)):
+            j = i - 1  # what followed the m-grams ending before j is now known
+            for m in range(1, min(longest, j) + 1):
+                latest[tuple(seq[j - m : j])] = seq[j]
+            if i < start:
+                continue
+            for m in range(min(longest, i), 0, -1):
+                guess = latest.get(tuple(seq[i - m : i]))
+                if guess is not None:
+                    tries[m - 1] += 1
+                    hits[m - 1] += guess == seq[i]
+                    break
+    return tries, hits
+
+
+def lookup_logq_from(tries: Sequence[int], hits: Sequence[int]) -> tuple[float, ...]:
+    """Each match length's log hit rate; a length never tried takes the next shorter one's
+    (0.5 for length 1), and no rate is taken below 1e-3."""
+    out, rate = [], 0.5
+    for t, h in zip(tries, hits, strict=True):
+        rate = h / t if t else rate
+        out.append(math.log(max(rate, 1e-3)))
+    return tuple(out)
+
+
 def build_tables(
-    sequences: Iterable[Sequence[int]],
+    sequences: Sequence[Sequence[int]],
     *,
     vocab_size: int,
     context: int = 4,
     topk: int = 4,
     min_count: int = 1,
     load: float = 0.5,
+    lookup: int = 0,
+    starts: Sequence[int] | None = None,
 ) -> tuple[NgramDrafter, dict]:
     """An NgramDrafter from token sequences, and a report {"contexts": [stored per m],
-    "dropped": [per m], "tokens": tokens counted}."""
+    "dropped": [per m], "tokens": tokens counted, and with lookup > 0 "lookup_tries" /
+    "lookup_hits" per match length}. lookup: the longest match of the drafter's text lookup
+    (0: none), whose draft probabilities are measured on the same sequences. starts: per
+    sequence, the first position counted (its prompt is context only)."""
     if not 0.0 < load <= 1.0:
         raise ValueError(f"table load must be in (0, 1], got {load}")
-    counts = count_continuations(sequences, context)
+    if starts is not None and len(starts) != len(sequences):
+        raise ValueError(f"{len(starts)} starts for {len(sequences)} sequences")
+    counts = count_continuations(sequences, context, starts)
     if not counts[0]:
         raise ValueError("no n-grams to count: every sequence is shorter than two tokens")
     unigram = _pad(_row(counts[0][()], [], topk), topk)
@@ -129,4 +176,11 @@ def build_tables(
         "dropped": dropped,
         "tokens": sum(counts[0][()].values()),
     }
-    return NgramDrafter(layout, fingerprints, tokens, logq, vocab_size=vocab_size), report
+    lookup_logq = ()
+    if lookup:
+        tries, hits = lookup_hit_rates(sequences, lookup, starts)
+        report |= {"lookup_tries": tries, "lookup_hits": hits}
+        lookup_logq = lookup_logq_from(tries, hits)
+    drafter = NgramDrafter(layout, fingerprints, tokens, logq, vocab_size=vocab_size,
+                           lookup=lookup, lookup_logq=lookup_logq)  # fmt: skip
+    return drafter, report
