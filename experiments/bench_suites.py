@@ -19,6 +19,7 @@ from specjax.paths import (
     SMOLLM2,
     SMOLLM2_EAGLE,
     SMOLLM2_MDC,
+    SMOLLM2_NGRAM,
     STORIES260K,
     STORIES260K_EAGLE,
     STORIES260K_MDC,
@@ -62,12 +63,15 @@ SUITES = {
         # Every drafter specjax has for this target with the default call (SpecConfig.auto():
         # the tree chosen from measured costs), self-drafting with its first 8 of 30 layers (no
         # smaller model shares its vocabulary in the shared folder) and the two trained feature
-        # drafters, plus eagle at the 31-node tree the README recommended before the default.
+        # drafters, the n-gram tables with the text lookup (no network; transformers' prompt
+        # lookup is its peer), plus eagle at the 31-node tree the README recommended before the
+        # default.
         methods=(
             Method(kind=AR),
             Method(kind=SPEC, drafter="self:8", auto=True),
             Method(kind=SPEC, drafter=SMOLLM2_EAGLE, auto=True),
             Method(kind=SPEC, drafter=SMOLLM2_MDC, auto=True),
+            Method(kind=SPEC, drafter=SMOLLM2_NGRAM, auto=True),
             Method(kind=SPEC, drafter=SMOLLM2_EAGLE, auto=True, auto_fallback=False),
             Method(kind=SPEC, drafter=SMOLLM2_MDC, auto=True, auto_fallback=False),
             Method(kind=SPEC, drafter=SMOLLM2_EAGLE, tree=FEATURE_TREE),
