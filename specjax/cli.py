@@ -1,7 +1,8 @@
 """`specjax` command line: speculative (or plain) generation with a real checkpoint.
 
 specjax demo
-specjax generate --model PATH --prompt TEXT [--drafter PATH|DIR|self:K] [--tree N,DEPTH,TOPK]
+specjax generate --model PATH --prompt TEXT [--drafter PATH|DIR|self:K|lookup[:K]]
+                 [--tree N,DEPTH,TOPK]
                  [--max-new-tokens N] [--temperature T] [--chat]
                  [--mesh DxM [--coordinator HOST:PORT --num-processes N --process-id I]]
 specjax train-drafter --target PATH --kind mdc|eagle --out DIR
@@ -335,7 +336,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--drafter",
         default=None,
         help="draft model PATH (same vocabulary), a trained drafter DIR (specjax train-drafter, "
-        "e.g. checkpoints/smollm2-mdc) or self:K (target's first K layers)",
+        "e.g. checkpoints/smollm2-mdc), n-gram tables DIR (e.g. checkpoints/smollm2-ngram), "
+        "self:K (target's first K layers) or lookup[:K] (the row's own text: prompt-lookup "
+        "decoding, matches of up to K tokens, nothing to load)",
     )
     gen.add_argument(
         "--tree",

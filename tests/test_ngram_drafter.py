@@ -354,3 +354,24 @@ def test_text_lookup_round_trips_and_version_1_reads_as_tables_only(lively_looku
             drafter.layout, drafter.fingerprints[...], drafter.table_tokens, drafter.table_logq,
             vocab_size=LIVELY.vocab_size, lookup=2, lookup_logq=(0.5, -1.0),
         )  # fmt: skip
+
+
+def test_text_only_lookup_is_lossless_and_named_by_the_cli_spelling(lively):
+    """The text lookup with no tables (prompt-lookup decoding): greedy equal to generate over a
+    chain and a tree, batch 3, and `lookup:K` builds it for the target's vocabulary."""
+    from specjax.drafters.spec import is_text_lookup, make_drafter
+    from specjax.io import Loaded
+
+    target, _ = lively
+    drafter = make_drafter("lookup:5", Loaded(model=target, tokenizer=None, config=LIVELY))
+    assert drafter.lookup_len == 5 and drafter.vocab_size == LIVELY.vocab_size
+    assert is_text_lookup("lookup") and not is_text_lookup("lookups/dir")
+    with pytest.raises(ValueError, match="lookup:K with K >= 1"):
+        make_drafter("lookup:0", Loaded(model=target, tokenizer=None, config=LIVELY))
+    for tree in (TreeConfig.chain(4), TreeConfig(branching=(2, 2, 1))):
+        ref = specjax.generate(target, TEST_PROMPTS, max_new_tokens=40)
+        out = specjax.speculative_generate(
+            target, drafter, TEST_PROMPTS, max_new_tokens=40, config=SpecConfig(tree=tree)
+        )
+        chex.assert_trees_all_equal(out.tokens, ref.tokens)
+        assert float(np.asarray(out.stats["tau"]).mean()) > 1.0

@@ -37,13 +37,13 @@ def checkpoint_label(path: str) -> str:
 
 
 def resolve_drafter(spec: str) -> str:
-    """self:K as is; exit:DIR with DIR found here or in the repository; a trained drafter,
-    HiSpec exit-heads or n-gram directory relative to the current directory or to the
-    repository (checkpoints/...); else a draft model under the shared models folder."""
-    from specjax.drafters.spec import is_feature_drafter, is_hispec, is_ngram
+    """self:K and lookup[:K] as they are; exit:DIR with DIR found here or in the repository; a
+    trained drafter, HiSpec exit-heads or n-gram directory relative to the current directory or
+    to the repository (checkpoints/...); else a draft model under the shared models folder."""
+    from specjax.drafters.spec import is_feature_drafter, is_hispec, is_ngram, is_text_lookup
     from specjax.paths import repo_dir
 
-    if spec.startswith("self:"):
+    if spec.startswith("self:") or is_text_lookup(spec):
         return spec
     if spec.startswith("exit:"):  # an exit-heads directory, relative to here or to the repo
         path = spec.split(":", 1)[1]
@@ -121,6 +121,8 @@ class Method:
             return f"HF assisted ({checkpoint_label(self.drafter)})"
         if self.drafter.startswith("self:"):
             who = f"self-draft {self.drafter.split(':', 1)[1]}L"
+        elif self.drafter.startswith("lookup"):
+            who = f"text lookup ({self.drafter.partition(':')[2] or 8})"
         elif self.drafter.startswith("exit:"):
             who = f"draft exit ({checkpoint_label(self.drafter.split(':', 1)[1])})"
         else:

@@ -51,6 +51,13 @@ TABLES = "tables"  # orbax folder beside the header
 _PRIME = 16777619  # FNV-1a 32-bit
 _OFFSET = 2166136261
 SLOT_SEED, FINGERPRINT_SEED = 0x9E3779B9, 0x85EBCA77
+# The rate at which a text match of 1..8 tokens predicted SmolLM2's next token over its 11,776
+# held-in answers (checkpoints/smollm2-ngram/CARD.md): the draft probabilities a text-only
+# drafter reports when nothing was measured for its target. They decide nothing in a static
+# tree's verification; a pre-verifier or a report reads them.
+TEXT_ONLY_LOGQ = tuple(
+    float(np.log(r)) for r in (0.211, 0.533, 0.614, 0.695, 0.750, 0.777, 0.822, 0.938)
+)
 
 
 def _fmix(h, xp):
@@ -198,6 +205,22 @@ class NgramDrafter(nnx.Module):
     def span(self) -> int:
         """Tokens of history a node's context needs: the tables' C and the text lookup's."""
         return max(self.layout.context, self.lookup_len)
+
+    @classmethod
+    def text_only(cls, vocab_size: int, longest: int = 8, lookup_logq=None) -> NgramDrafter:
+        """A drafter with no tables: the row's own text alone (prompt-lookup decoding), for any
+        target, nothing to build. Where the text has no match the child is token 0 at the floor
+        probability (never accepted unless it is the target's token). lookup_logq: per match
+        length 1..longest, default TEXT_ONLY_LOGQ's (its last entry repeated past 8)."""
+        if lookup_logq is None:
+            lookup_logq = [TEXT_ONLY_LOGQ[min(m, len(TEXT_ONLY_LOGQ)) - 1]
+                           for m in range(1, longest + 1)]  # fmt: skip
+        layout = NgramLayout(1, 1, (1,))  # one never-hit slot (fingerprint 0) and the unigram
+        tokens = np.zeros((layout.slots, 1), np.int32)
+        logq = np.full((layout.slots, 1), LOGQ_FLOOR, np.float32)
+        fingerprints = np.zeros((layout.slots,), np.uint16)
+        return cls(layout, fingerprints, tokens, logq, vocab_size=vocab_size, lookup=longest,
+                   lookup_logq=lookup_logq)  # fmt: skip
 
     @property
     def table_tokens(self) -> np.ndarray:

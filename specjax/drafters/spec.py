@@ -1,6 +1,8 @@
 """Drafters named by a string, as the CLI and the benchmark take them, and the tree each gets.
 
-"self:K" self-drafts with the target's first K layers; "exit:DIR" self-drafts with the draft
+"self:K" self-drafts with the target's first K layers; "lookup" / "lookup:K" drafts from the
+row's own text alone (prompt-lookup decoding: matches of up to K tokens, default 8; static
+trees, nothing to load); "exit:DIR" self-drafts with the draft
 exit of an exit-heads directory (checkpoints/<target>-hispec); a path to a checkpoint is a draft
 model sharing the target's vocabulary; a directory with ngram.json holds n-gram tables (static
 trees, like a draft model's); a directory with drafter.json is a trained feature drafter,
@@ -56,6 +58,11 @@ def is_ngram(spec: str) -> bool:
     return is_ngram_dir(split_drafter_switch(spec)[0])
 
 
+def is_text_lookup(spec: str) -> bool:
+    """Whether --drafter names the text-only lookup ("lookup" or "lookup:K")."""
+    return spec == "lookup" or spec.startswith("lookup:")
+
+
 def is_hispec(spec: str) -> bool:
     """Whether --drafter names HiSpec exit heads (a directory with hispec.json)."""
     return (Path(split_drafter_switch(spec)[0]) / "hispec.json").exists()
@@ -99,6 +106,15 @@ def make_drafter(spec: str, target_loaded):
     directory from `specjax train-drafter`, optionally DIR:noreuse / DIR:freshN) or self:K."""
     if spec.startswith("self:"):
         return LMDrafter.self_draft(int(spec.split(":", 1)[1]))
+    if is_text_lookup(spec):
+        from specjax.drafters.ngram import NgramDrafter
+
+        if target_loaded is None:
+            raise ValueError(f"{spec}: the text lookup needs its target's vocabulary")
+        longest = spec.split(":", 1)[1] if ":" in spec else "8"
+        if not longest.isdigit() or int(longest) < 1:
+            raise ValueError(f"{spec}: expected lookup or lookup:K with K >= 1 tokens")
+        return NgramDrafter.text_only(target_loaded.model.config.vocab_size, int(longest))
     if spec.startswith("exit:"):
         from specjax.train.exit_heads import load_exit_heads
 
