@@ -286,7 +286,7 @@ class NgramDrafter(nnx.Module):
             jnp.concatenate([table[found_order][..., None], logq[..., :-1]], -1),
             logq,
         )
-        return tokens, logq  # fmt: skip
+        return tokens, logq
 
     def init_state(
         self, target, prompt_ids, prompt_lens, cache_len, *, config: SpecConfig, target_hidden=None
