@@ -82,6 +82,22 @@ def test_layout_and_tables_are_checked():
     assert drafter.table_tokens.shape == (drafter.layout.slots, 2)
 
 
+def greedy_equal_across_batches(target, drafter, tree):
+    """Speculative greedy output equals `generate` at batch 1 and 3 (ragged prompts) and up to
+    the cache's last slot; returns the calls' outputs."""
+    outs = []
+    for batch, new in ((1, 40), (3, 40), (3, LIVELY.max_seq_len - 8 - tree.num_nodes - 2)):
+        rows = TEST_PROMPTS[:batch]
+        ref = specjax.generate(target, rows, max_new_tokens=new)
+        out = specjax.speculative_generate(
+            target, drafter, rows, max_new_tokens=new, config=SpecConfig(tree=tree)
+        )
+        chex.assert_trees_all_equal(out.tokens, ref.tokens)
+        chex.assert_trees_all_equal(out.lengths, ref.lengths)
+        outs.append(out)
+    return outs
+
+
 @pytest.fixture(scope="module")
 def lively():
     """A random target whose greedy text varies, and n-gram tables of its own greedy output
@@ -167,15 +183,7 @@ def test_lookup_hit_rates_count_the_latest_longest_match():
 def test_text_lookup_greedy_equals_generate_across_trees_batches_and_the_cache_end(
     lively_lookup, tree
 ):
-    target, drafter = lively_lookup
-    for batch, new in ((1, 40), (3, 40), (3, LIVELY.max_seq_len - 8 - tree.num_nodes - 2)):
-        rows = TEST_PROMPTS[:batch]
-        ref = specjax.generate(target, rows, max_new_tokens=new)
-        out = specjax.speculative_generate(
-            target, drafter, rows, max_new_tokens=new, config=SpecConfig(tree=tree)
-        )
-        chex.assert_trees_all_equal(out.tokens, ref.tokens)
-        chex.assert_trees_all_equal(out.lengths, ref.lengths)
+    greedy_equal_across_batches(*lively_lookup, tree)
 
 
 def test_text_lookup_follows_the_committed_text(lively_lookup):
@@ -227,16 +235,7 @@ def test_text_lookup_follows_the_committed_text(lively_lookup):
     ids=["chain1", "chain4", "2-1", "4-2-1", "wider-than-k"],
 )
 def test_greedy_equals_generate_across_trees_batches_and_the_cache_end(lively, tree):
-    target, drafter = lively
-    prompts = TEST_PROMPTS
-    for batch, new in ((1, 40), (3, 40), (3, LIVELY.max_seq_len - 8 - tree.num_nodes - 2)):
-        rows = prompts[:batch]
-        ref = specjax.generate(target, rows, max_new_tokens=new)
-        out = specjax.speculative_generate(
-            target, drafter, rows, max_new_tokens=new, config=SpecConfig(tree=tree)
-        )
-        chex.assert_trees_all_equal(out.tokens, ref.tokens)
-        chex.assert_trees_all_equal(out.lengths, ref.lengths)
+    for out in greedy_equal_across_batches(*lively, tree):
         assert float(np.asarray(out.stats["tau"]).mean()) > 1.2  # drafts were accepted
 
 
