@@ -159,10 +159,9 @@ def test_text_match_takes_the_latest_longest_match():
 
 
 def test_lookup_hit_rates_count_the_latest_longest_match():
-    # at 3 ("1 2" seen, then 3): hit at length 2; at 4 (after "2 3"? no: "3" seen once, then 1)
     tries, hits = lookup_hit_rates([[1, 2, 3, 1, 2, 3, 1, 2, 4]], 2)
-    # positions 3.. : 1 (after 3: seen "3"? no), 2 (after "3 1"? no, "1" -> 2 yes, length 1),
-    # 3 ("1 2" -> 3, length 2), 1 ("2 3" -> 1), 2 ("3 1" -> 2), 4 ("1 2" -> 3: miss)
+    # Predicting positions 4..8: "1" -> 2 (length 1, right); "1 2" -> 3, "2 3" -> 1, "3 1" -> 2
+    # (length 2, right); "1 2" -> 3 against 4 (wrong). Positions 1-3 have no earlier match.
     assert tries == [1, 4] and hits == [1, 3]
     q = lookup_logq_from(tries, hits)
     np.testing.assert_allclose(np.exp(q), [1.0, 0.75])
