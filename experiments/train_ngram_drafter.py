@@ -55,7 +55,7 @@ TABLE_SETS = ("smollm2-synthetic", "smollm2-broad", "smollm2-tasks", "smollm2-se
 # name -> (target, default output, default --context, --topk, --min-count, --lookup). SmolLM2's:
 # a chain mostly, so two continuations a context; contexts seen fewer than 3 times left out
 # (12 MB instead of ~130 MB of tables, MT-bench chain-of-4 tau 1.80 against 1.83 offline,
-# runs of the row's own text up to 8 tokens searched.
+# runs of the row's own text up to 8 tokens searched).
 TARGETS = {
     "stories260K": (STORIES260K, STORIES260K_NGRAM, 4, 4, 1, 0),
     "smollm2": (SMOLLM2, SMOLLM2_NGRAM, 4, 2, 3, 8),

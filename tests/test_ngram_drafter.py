@@ -30,7 +30,7 @@ from specjax.train.checkpoint import target_fingerprint
 from specjax.train.ngram import build_tables, lookup_hit_rates, lookup_logq_from
 
 LIVELY = dataclasses.replace(TINY, vocab_size=64, max_seq_len=96)
-TEST_PROMPTS = [[5, 9, 2], [3, 1, 4, 1, 5, 9, 2, 6], [7]]  # ragged: left padding
+TEST_PROMPTS = [[5, 9, 2], [3, 1, 4, 1, 5, 9, 2, 6], [7]]  # ragged: the engine right-pads
 
 
 def test_hash_twins_agree_and_lengths_share_one_pass():
@@ -169,6 +169,21 @@ def test_lookup_hit_rates_count_the_latest_longest_match():
     assert lookup_logq_from([0, 2], [0, 0])[1] == pytest.approx(np.log(1e-3))
 
 
+def test_the_text_token_leads_and_is_not_proposed_twice(lively_lookup):
+    """Where the text's match wins, its token is the first child and the table's row follows
+    without it: a twin sibling could never be accepted."""
+    _, drafter = lively_lookup
+    s = drafter.span
+    context = [-1] * (s - 2) + [1, 2]  # a short context: the table's row of (1, 2) or less
+    row = np.asarray(drafter.lookup(jnp.asarray([context[-drafter.layout.context :]]))[0])[0]
+    for follower, want in ((int(row[0]), row.tolist()), (63, [63, int(row[0])])):
+        text = jnp.asarray([[1, 2, follower, 9, 9, 1, 2, -1]], jnp.int32)  # root 2 at index 6
+        state = drafter.init_state(None, text[:, :6], jnp.asarray([6]), 8,
+                                   config=SpecConfig(tree=TreeConfig.chain(1)))  # fmt: skip
+        tokens, _ = drafter.children(state, text, jnp.asarray([[context]], jnp.int32))
+        assert np.asarray(tokens)[0, 0].tolist() == want, (follower, row)
+
+
 @pytest.mark.parametrize(
     "tree",
     [
@@ -289,6 +304,17 @@ def test_sampled_ngram_trees_keep_the_target_distribution(optimized_loop, lookup
     seqs = [PROMPT + list(np.asarray(t)) for t in sampled.tokens]
     drafter, _ = build_tables(seqs, vocab_size=CFG.vocab_size, context=2, topk=2, lookup=lookup)
     tree = TreeConfig(branching=(2, 1))
+    if lookup:  # the text's matches change the drafts (else this case repeats the tables')
+        tables_only, _ = build_tables(seqs, vocab_size=CFG.vocab_size, context=2, topk=2)
+        few = jax.random.split(jax.random.key(1), 64)
+        hists = [
+            np.asarray(specjax.speculative_generate(
+                target, d, [PROMPT] * 64, max_new_tokens=12, config=SpecConfig(tree=tree),
+                sampling=SamplingConfig(temperature=1.0), key=few,
+            ).stats["accepted_hist"]).sum(0)
+            for d in (drafter, tables_only)
+        ]  # fmt: skip
+        assert not np.array_equal(*hists), hists
     sampling = SamplingConfig(temperature=1.0)
     n = observed_tokens(tree)
     out = specjax.speculative_generate(
@@ -344,9 +370,10 @@ def test_text_lookup_round_trips_and_version_1_reads_as_tables_only(lively_looku
     old = {k: v for k, v in stored.items() if k not in ("lookup", "lookup_logq")}
     (folder / HEADER).write_text(json.dumps({**old, "version": 1}))
     assert load_drafter(folder, target).lookup_len == 0
-    (folder / HEADER).write_text(json.dumps({**stored, "lookup_logq": [-0.1]}))
-    with pytest.raises(ValueError, match="not a valid n-gram drafter header"):
-        load_drafter(folder, target)
+    for broken in ({"lookup_logq": [-0.1]}, {"lookup_logq": [0.5] * 4}, {"lookup": None}):
+        (folder / HEADER).write_text(json.dumps({**stored, **broken}))
+        with pytest.raises(ValueError, match="not a valid n-gram drafter header"):
+            load_drafter(folder, target)
     with pytest.raises(ValueError, match="one log-probability <= 0 per match length"):
         type(drafter)(
             drafter.layout, drafter.fingerprints[...], drafter.table_tokens, drafter.table_logq,

@@ -119,9 +119,11 @@ class Method:
             return f"HF prompt lookup ({self.lookup_tokens})"
         if self.kind == HF_ASSISTED:
             return f"HF assisted ({checkpoint_label(self.drafter)})"
+        from specjax.drafters.spec import is_text_lookup
+
         if self.drafter.startswith("self:"):
             who = f"self-draft {self.drafter.split(':', 1)[1]}L"
-        elif self.drafter.startswith("lookup"):
+        elif is_text_lookup(self.drafter):
             who = f"text lookup ({self.drafter.partition(':')[2] or 8})"
         elif self.drafter.startswith("exit:"):
             who = f"draft exit ({checkpoint_label(self.drafter.split(':', 1)[1])})"

@@ -1,8 +1,9 @@
 """N-gram drafter: each node's children are the target's most frequent continuations of the
 node's last few tokens, looked up in hashed tables distilled from the target's own outputs.
 
-Axis letters: B batch, N tree nodes, W frontier nodes, C context tokens, K stored
-continuations, H table slots.
+Axis letters: B batch, N tree nodes, W frontier nodes, C table context tokens, S history tokens
+(C and the text lookup's longest match, whichever is more), K stored continuations, H table
+slots, L the text buffer's width.
 
 Drafting costs a few gathers a level, against a network's forward: for a target as small as
 stories260K, whose forward is mostly dispatch, that is what lets speculation pay at all (a
@@ -21,7 +22,8 @@ Text lookup (`lookup` > 0, prompt-lookup decoding): the row's own text (prompt, 
 tokens, the root) is searched for the latest place where the node's last 1..lookup tokens occur,
 and the token that followed there is proposed. A chat model's answer repeats its prompt and
 itself (names, code, lists), which no table of other answers knows. The longer match wins, the
-text on a tie; the text's token then takes the first child and the table's the others. Its logq
+text on a tie; the text's token then takes the first child and the table's others follow (the
+same token is not proposed twice). Its logq
 is the rate at which a match of that length predicted the next token on the tables' own data
 (`lookup_logq`, measured by the builder), so the draft probabilities stay comparable.
 """
@@ -54,7 +56,9 @@ SLOT_SEED, FINGERPRINT_SEED = 0x9E3779B9, 0x85EBCA77
 # The rate at which a text match of 1..8 tokens predicted SmolLM2's next token over its 11,776
 # held-in answers (checkpoints/smollm2-ngram/CARD.md): the draft probabilities a text-only
 # drafter reports when nothing was measured for its target. They decide nothing in a static
-# tree's verification; a pre-verifier or a report reads them.
+# tree's verification (children are deterministic: the one-hot rule); pre-verifiers, reports
+# and the acceptance profile's per-node records read them, and for another target they are a
+# guess.
 TEXT_ONLY_LOGQ = tuple(
     float(np.log(r)) for r in (0.211, 0.533, 0.614, 0.695, 0.750, 0.777, 0.822, 0.938)
 )
@@ -126,8 +130,10 @@ class NgramLayout:
 class NgramState:
     history: jax.Array  # [B, S] the last S committed tokens, ending at position lengths - 1
     proposed: jax.Array  # [B, N] the last proposed tree's tokens (commit reads the path's)
-    text: jax.Array  # [B, L] the committed tokens (-1 past them); L = 0 without text lookup
-    filled: jax.Array  # [B] how many tokens of text are committed (the root sits at filled)
+    # [B, L] the committed tokens in text[:filled]; past them scratch (-1 or the tail of a
+    # path written at commit), never read: L = 0 without the text lookup
+    text: jax.Array
+    filled: jax.Array  # [B] how many tokens of text are committed (the root goes at filled)
 
 
 def match_text(text, known, contexts, longest: int) -> tuple[jax.Array, jax.Array]:
@@ -277,16 +283,20 @@ class NgramDrafter(nnx.Module):
             return tokens, logq
         found, found_order = match_text(seq, state.filled + 1, front, self.lookup_len)
         take = (found_order >= order) & (found_order > 0)  # [B, W]
+        # The row's other entries keep their order after the text's token; an entry equal to it
+        # moves out (a twin sibling could never be accepted), else the last entry drops.
+        others = jnp.argsort(tokens == found[..., None], axis=-1, stable=True)[..., :-1]
         table = jnp.asarray((0.0,) + self.lookup_logq, jnp.float32)
-        tokens = jnp.where(
-            take[..., None], jnp.concatenate([found[..., None], tokens[..., :-1]], -1), tokens
+        with_text = (
+            jnp.concatenate([found[..., None], jnp.take_along_axis(tokens, others, -1)], -1),
+            jnp.concatenate(
+                [table[found_order][..., None], jnp.take_along_axis(logq, others, -1)], -1
+            ),
         )
-        logq = jnp.where(
-            take[..., None],
-            jnp.concatenate([table[found_order][..., None], logq[..., :-1]], -1),
-            logq,
+        return (
+            jnp.where(take[..., None], with_text[0], tokens),
+            jnp.where(take[..., None], with_text[1], logq),
         )
-        return tokens, logq
 
     def init_state(
         self, target, prompt_ids, prompt_lens, cache_len, *, config: SpecConfig, target_hidden=None
@@ -333,7 +343,7 @@ class NgramDrafter(nnx.Module):
         seq = state.text
         if self.lookup_len:  # the root is the text's next token
             seq = seq.at[jnp.arange(b), state.filled].set(ctx.root)
-        # Level by level: the frontier's contexts [B, W, C], each node's children the top
+        # Level by level: the frontier's contexts [B, W, S], each node's children the top
         # entries of its row. Levels are concatenated once at the end (fewer ops a step).
         front = jnp.concatenate([state.history[:, 1:], ctx.root[:, None]], axis=1)[:, None]
         level_tokens, level_logq = [ctx.root[:, None]], [jnp.zeros((b, 1), jnp.float32)]
@@ -372,7 +382,8 @@ class NgramDrafter(nnx.Module):
         target=None,
         target_hidden=None,
     ) -> NgramState:
-        """The history moves by advance [B] tokens: the root and the accepted path."""
+        """The history moves by advance [B] tokens (the root and the accepted path); with the
+        text lookup the path is written to the text at filled, which moves by advance too."""
         del live, config, target, target_hidden
         c = self.span
         path_tokens = jnp.take_along_axis(state.proposed, acceptance.path, axis=1)  # [B, P]
@@ -434,9 +445,12 @@ def read_ngram_header(path: str | Path) -> dict:
             )
         NgramLayout(int(header["context"]), int(header["topk"]), tuple(header["sizes"]))
         int(header["vocab_size"])
-        lookup, lookup_logq = int(header.get("lookup", 0)), header.get("lookup_logq", [])
-        if lookup < 0 or len(lookup_logq) != lookup:
-            raise ValueError(f"lookup {lookup} with {len(lookup_logq)} lookup_logq entries")
+        if header["version"] >= 2:  # version 1 has no text lookup
+            lookup, lookup_logq = int(header["lookup"]), [float(q) for q in header["lookup_logq"]]
+            if lookup < 0 or len(lookup_logq) != lookup or any(q > 0 for q in lookup_logq):
+                raise ValueError(
+                    f"lookup {lookup} needs as many lookup_logq entries, each <= 0: {lookup_logq}"
+                )
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise ValueError(f"{header_path}: not a valid n-gram drafter header ({e})") from e
     return header

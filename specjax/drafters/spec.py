@@ -59,8 +59,10 @@ def is_ngram(spec: str) -> bool:
 
 
 def is_text_lookup(spec: str) -> bool:
-    """Whether --drafter names the text-only lookup ("lookup" or "lookup:K")."""
-    return spec == "lookup" or spec.startswith("lookup:")
+    """Whether --drafter names the text-only lookup ("lookup" or "lookup:K"; a directory of
+    that name in the working directory is a directory instead)."""
+    named = spec == "lookup" or spec.startswith("lookup:")
+    return named and not Path(spec.split(":", 1)[0]).is_dir()
 
 
 def is_hispec(spec: str) -> bool:
