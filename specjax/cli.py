@@ -210,8 +210,9 @@ def cmd_generate(args) -> int:
 
 def cmd_demo(args) -> int:
     """Speculative vs autoregressive decoding, side by side, on a shared reference target:
-    SmolLM2-135M-Instruct with a shipped feature drafter (default: the EAGLE-style one, the
-    faster of the two in experiments/results/bench.md), or stories260K drafted by llama2xs-279K
+    SmolLM2-135M-Instruct with a shipped drafter (default: the EAGLE-style one, the faster
+    feature drafter in experiments/results/bench.md; or the mdc, or the n-gram tables with the
+    text lookup), or stories260K drafted by llama2xs-279K
     (--pair stories). Each side is compiled, then timed --rounds times in turn; the medians are
     compared."""
     import specjax
@@ -220,6 +221,7 @@ def cmd_demo(args) -> int:
         SMOLLM2,
         SMOLLM2_EAGLE,
         SMOLLM2_MDC,
+        SMOLLM2_NGRAM,
         STORIES260K,
         repo_dir,
         shared_path,
@@ -237,7 +239,9 @@ def cmd_demo(args) -> int:
         label = "speculative, llama2xs-279K drafting for stories260K"
     else:
         loaded = specjax.load(shared_path(SMOLLM2))
-        drafter_name = {"eagle": SMOLLM2_EAGLE, "mdc": SMOLLM2_MDC}[args.drafter]
+        drafter_name = {"eagle": SMOLLM2_EAGLE, "mdc": SMOLLM2_MDC, "ngram": SMOLLM2_NGRAM}[
+            args.drafter
+        ]
         drafter_dir = repo_dir() / drafter_name
         drafter = specjax.load_drafter(drafter_dir, loaded.model)
         prompt = args.prompt or "Explain in a few sentences why the sky is blue."
@@ -372,9 +376,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--pair", choices=("smollm2", "stories"), default="smollm2")
     demo.add_argument(
         "--drafter",
-        choices=("eagle", "mdc"),
+        choices=("eagle", "mdc", "ngram"),
         default="eagle",
-        help="SmolLM2's shipped drafter: EAGLE-style (eagle) or hidden-state (mdc)",
+        help="SmolLM2's shipped drafter: EAGLE-style (eagle), hidden-state (mdc) or n-gram "
+        "tables with the search of the row's own text (ngram)",
     )
     demo.add_argument("--rounds", type=int, default=3, help="timed runs of each side")
     demo.add_argument("--prompt", default=None)
