@@ -16,6 +16,7 @@ from specjax.paths import (
     SMOLLM2,
     SMOLLM2_EAGLE,
     SMOLLM2_MDC,
+    SMOLLM2_NGRAM,
     STORIES260K,
     STORIES260K_EAGLE,
     STORIES260K_MDC,
@@ -97,3 +98,22 @@ def test_smollm2_greedy_equals_generate_20_mt_bench_prompts(shared_dir, name):
     questions = select_questions(read_spec_bench("mt_bench_question.jsonl"), 20)
     prompts = [encode_question(loaded.tokenizer, q.turns[0]) for q in questions]
     assert_greedy_equal(loaded.model, drafter, prompts, batch=10, eos_id=loaded.tokenizer.eos_id)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "tree", [TreeConfig.chain(7), TreeConfig(branching=(2, 2, 1, 1))], ids=["chain7", "2-2-1-1"]
+)
+def test_smollm2_ngram_greedy_equals_generate_20_mt_bench_prompts(shared_dir, tree):
+    """The n-gram tables with the search of each row's own text, at the chain the default picks
+    on MT-bench and at a branching tree, batch 10 with ragged prompts."""
+    loaded = specjax.load(shared_dir / SMOLLM2)
+    drafter = specjax.load_drafter(shipped(SMOLLM2_NGRAM), loaded.model)
+    assert drafter.lookup_len == 8
+    questions = select_questions(read_spec_bench("mt_bench_question.jsonl"), 20)
+    prompts = [encode_question(loaded.tokenizer, q.turns[0]) for q in questions]
+    eos = loaded.tokenizer.eos_id
+    tau = assert_greedy_equal(
+        loaded.model, drafter, prompts, batch=10, eos_id=eos, config=SpecConfig(tree=tree)
+    )
+    assert tau > 1.5, tau  # the tables and the text draft for real
