@@ -19,6 +19,8 @@ import dataclasses
 import sys
 from pathlib import Path
 
+import numpy as np
+
 from specjax.paths import SMOLLM2, shared_path
 from specjax.train.data import DistillConfig, build_dataset
 
@@ -69,6 +71,20 @@ ANSWER_SETS = {
 
 def answers_dir(name: str) -> Path:
     return ROOT / "experiments" / "answers" / name
+
+
+def answer_shards(name: str) -> list[Path]:
+    """The committed shards of an answer set, in order."""
+    return sorted(answers_dir(name).glob("shard_*.npz"))
+
+
+def shard_answers(path: Path) -> list[tuple[np.ndarray, int]]:
+    """(prompt + answer token ids, prompt length) of every answer in one shard."""
+    d = np.load(path)
+    return [
+        (row[:n].astype(np.int32), int(p))
+        for row, n, p in zip(d["tokens"], d["lengths"], d["prompt_lens"], strict=True)
+    ]
 
 
 def features_dir(name: str, fusion_layers: tuple[int, ...] = ()) -> Path:

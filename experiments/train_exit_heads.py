@@ -75,16 +75,17 @@ def relative_cost(cfg, layer: int, exit_vocab: int) -> float:
 def answer_rows(names, eval_shards: int):
     """(train rows, train starts, eval rows, eval starts) from answer shards: the last
     eval_shards of each set are the evaluation split."""
+    from distill_answers import answer_shards, shard_answers
+
     train, eval_ = ([], []), ([], [])
     for name in names:
-        shards = sorted((REPO / "experiments" / "answers" / name).glob("shard_*.npz"))
+        shards = answer_shards(name)
         for i, path in enumerate(shards):
-            d = np.load(path)
             dest = eval_ if i >= len(shards) - eval_shards else train
-            for row, n, p in zip(d["tokens"], d["lengths"], d["prompt_lens"], strict=True):
-                if n > p:
-                    dest[0].append(row[:n].astype(np.int32).tolist())
-                    dest[1].append(int(p) - 1)
+            for row, p in shard_answers(path):
+                if len(row) > p:
+                    dest[0].append(row.tolist())
+                    dest[1].append(p - 1)
     return train, eval_
 
 

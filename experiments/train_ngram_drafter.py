@@ -101,14 +101,10 @@ def continuations(model, prompts, *, new_tokens: int, batch: int) -> list[np.nda
 def committed_answers(sets) -> tuple[list[np.ndarray], list[int], str]:
     """(prompt + answer token arrays, each one's prompt length, a description) of every
     committed shard of the answer sets."""
-    seqs, starts = [], []
-    for name in sets:
-        for shard in sorted((repo_dir() / "experiments" / "answers" / name).glob("shard_*.npz")):
-            z = np.load(shard)
-            for tokens, length, prompt_len in zip(z["tokens"], z["lengths"], z["prompt_lens"],
-                                                  strict=True):  # fmt: skip
-                seqs.append(tokens[:length].astype(np.int32))
-                starts.append(int(prompt_len))
+    from distill_answers import answer_shards, shard_answers
+
+    answers = [a for name in sets for shard in answer_shards(name) for a in shard_answers(shard)]
+    seqs, starts = [row for row, _ in answers], [p for _, p in answers]
     if not seqs:
         raise SystemExit(f"no committed answers under experiments/answers/ for {sets}")
     return (
