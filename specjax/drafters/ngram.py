@@ -155,9 +155,7 @@ def match_text(text, known, contexts, longest: int) -> tuple[jax.Array, jax.Arra
     usable = (pos[None, None, :] < known[:, None, None]) & (matched > 0)
     score = jnp.where(usable, matched * length + pos, -1)  # longest, then latest
     best = jnp.argmax(score, axis=-1)  # [B, W]
-    order = jnp.where(
-        jnp.max(score, axis=-1) >= 0, jnp.take_along_axis(matched, best[..., None], -1)[..., 0], 0
-    )
+    order = jnp.maximum(jnp.max(score, axis=-1), 0) // length  # the best score's match length
     token = jnp.take_along_axis(text, best.reshape(b, -1), axis=1).reshape(best.shape)
     return token, order
 
