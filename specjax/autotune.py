@@ -597,14 +597,14 @@ class DraftCosts:
         """Seconds to draft `tree` (a TreeConfig)."""
         if self.kind == "static":
             f = float(np.interp(tree.num_nodes, self.nodes, self.per_depth))
-            return tree.max_depth * f
+            return tree.drafter_depth * f
         if tree.topk not in self.topk:
             raise ValueError(f"no draft cost measured for top-{tree.topk} (have {self.topk})")
         i = self.topk.index(tree.topk)
         if self.deep_depth == 1:
             return self.shallow[i]
         per = (self.deep[i] - self.shallow[i]) / (self.deep_depth - 1)
-        return self.shallow[i] + per * (tree.max_depth - 1)
+        return self.shallow[i] + per * (tree.drafter_depth - 1)
 
     def with_points(self, other: DraftCosts) -> DraftCosts:
         """These costs with other's shapes added (other's seconds where both timed one); the

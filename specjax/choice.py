@@ -81,6 +81,15 @@ _CHOSEN: dict[tuple, tuple] = {}
 _ANNOUNCED: set[tuple] = set()
 
 
+def tree_label(tree: TreeConfig) -> str:
+    """dynamic(N,DEPTH,TOPK) or branching(...), +text(K) with a text chain."""
+    if tree.is_dynamic:
+        label = f"dynamic({tree.budget},{tree.drafter_depth},{tree.topk})"
+    else:
+        label = "branching(" + ",".join(str(b) for b in tree.branching) + ")"
+    return label + (f"+text({tree.text_chain})" if tree.text_chain else "")
+
+
 def _say(message: str) -> None:
     print(f"[specjax] {message}", file=sys.stderr, flush=True)
 
@@ -158,11 +167,7 @@ class Choice:
         if self.config is None:
             return "autoregressive"
         tree = self.config.tree
-        if tree.is_dynamic:
-            label = f"dynamic({tree.budget},{tree.max_depth},{tree.topk})"
-        else:
-            label = "branching(" + ",".join(str(b) for b in tree.branching) + ")"
-        return label + (" pre-verified" if self.config_prunes else "")
+        return tree_label(tree) + (" pre-verified" if self.config_prunes else "")
 
     def stats(self) -> dict:
         return {

@@ -2,7 +2,7 @@
 
 specjax demo
 specjax generate --model PATH --prompt TEXT [--drafter PATH|DIR|self:K|lookup[:K]]
-                 [--tree N,DEPTH,TOPK]
+                 [--tree N,DEPTH,TOPK[,TEXT]]
                  [--max-new-tokens N] [--temperature T] [--chat]
                  [--mesh DxM [--coordinator HOST:PORT --num-processes N --process-id I]]
 specjax train-drafter --target PATH --kind mdc|eagle --out DIR
@@ -347,7 +347,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument(
         "--tree",
         default=None,
-        help="draft tree N,DEPTH,TOPK (default: chosen for this hardware, SpecConfig.auto())",
+        help="draft tree N,DEPTH,TOPK (default: chosen for this hardware, SpecConfig.auto()); "
+        "for a trained drafter N,DEPTH,TOPK,TEXT adds a chain of TEXT nodes drafted from the "
+        "row's own text",
     )
     gen.add_argument(
         "--exit-heads",
@@ -386,7 +388,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--max-new-tokens", type=int, default=128)
     demo.add_argument("--temperature", type=float, default=0.0)
     demo.add_argument(
-        "--tree", default=None, help="draft tree N,DEPTH,TOPK (default: chosen for this hardware)"
+        "--tree",
+        default=None,
+        help="draft tree N,DEPTH,TOPK[,TEXT] (default: chosen for this hardware)",
     )
     demo.set_defaults(func=cmd_demo)
     trn = sub.add_parser(

@@ -104,12 +104,18 @@ class TreeConfig:
     children, each with 1 child (1 + 4 + 8 + 8 = 21 nodes). Nodes are numbered breadth first, so
     every depth is a contiguous index range and parents precede children. The content (which tokens)
     is chosen per step by the drafter; the shape never changes.
+
+    text_chain > 0 (dynamic trees of feature drafters): one more branch of the root, a chain of
+    that many nodes drafted from the row's own text (prompt lookup: the token after the latest
+    longest earlier occurrence of the path's last tokens), numbered after the drafter's nodes.
+    The drafter's own tree keeps its budget and depth (drafter_nodes, drafter_depth).
     """
 
     branching: tuple[int, ...] = (1, 1, 1, 1)
     # > 0: a dynamic tree of `budget` draft nodes (root excluded) whose topology the drafter
     # chooses every step (EAGLE-2 style: depth len(branching), top-max(branching) expansion).
     budget: int = 0
+    text_chain: int = 0
 
     def __post_init__(self):
         if not self.branching or any(int(b) < 1 for b in self.branching):
@@ -118,6 +124,13 @@ class TreeConfig:
             )
         if self.budget < 0:
             raise ValueError(f"tree budget must be >= 0, got {self.budget}")
+        if self.text_chain < 0:
+            raise ValueError(f"tree text_chain must be >= 0, got {self.text_chain}")
+        if self.text_chain and not self.is_dynamic:
+            raise ValueError(
+                "a text chain hangs off a dynamic tree (TreeConfig.dynamic(...), feature "
+                f"drafters): got static branching {self.branching}"
+            )
 
     @classmethod
     def chain(cls, k: int) -> TreeConfig:
@@ -142,13 +155,28 @@ class TreeConfig:
     def topk(self) -> int:
         return max(self.branching)
 
+    def with_text_chain(self, k: int) -> TreeConfig:
+        """The same tree with a text chain of k nodes (0: none)."""
+        return dataclasses.replace(self, text_chain=k)
+
     @property
     def is_chain(self) -> bool:
-        return all(b == 1 for b in self.branching)
+        return all(b == 1 for b in self.branching) and not self.text_chain
 
     @property
     def max_depth(self) -> int:
+        """The deepest node's depth, the text chain's included."""
+        return max(len(self.branching), self.text_chain)
+
+    @property
+    def drafter_depth(self) -> int:
+        """The depth of the drafter's own tree (the text chain left out)."""
         return len(self.branching)
+
+    @property
+    def drafter_nodes(self) -> int:
+        """N of the drafter's own tree, the root included (the text chain left out)."""
+        return self.budget + 1 if self.is_dynamic else sum(self.level_sizes)
 
     @property
     def level_sizes(self) -> tuple[int, ...]:
@@ -160,8 +188,8 @@ class TreeConfig:
 
     @property
     def num_nodes(self) -> int:
-        """N, the root included."""
-        return self.budget + 1 if self.is_dynamic else sum(self.level_sizes)
+        """N, the root and the text chain included."""
+        return self.drafter_nodes + self.text_chain
 
     def level_start(self, depth: int) -> int:
         return sum(self.level_sizes[:depth])

@@ -60,10 +60,11 @@ class SpecState:
     eos_id scalar (-1: none); target_calls [B] verification steps while the row was live;
     accepted_hist [B, P] histogram of n_accepted; nonfinite [B] steps with NaN/inf logits;
     draft_hist [B, N] histogram of the draft nodes verified per step; verified_nodes [B] tree
-    nodes the target ran on (the step's bucket with a pre-verifier, else N); pre_verifier_stops
-    [B] steps in which the pre-verifier cut the draft (all three over live steps); plain [B]
-    speculation has stopped for the rest of the call (SpecConfig.fallback_tau; the same value
-    in every row); plain_steps [B] live steps decoded plainly since then.
+    nodes the target ran on (the step's bucket with a pre-verifier or a text chain, else N);
+    pre_verifier_stops [B] steps in which the pre-verifier cut the draft (all three over live
+    steps); plain [B] speculation has stopped for the rest of the call
+    (SpecConfig.fallback_tau; the same value in every row); plain_steps [B] live steps decoded
+    plainly since then.
     """
 
     tokens: jax.Array
@@ -106,7 +107,8 @@ def pruning_pre_verifier(drafter, config: SpecConfig, rule: str):
     """The drafter's pre-verifier when it may prune trees of `config` under `rule`, else None:
     only deterministic (top-k) children may be dropped by what they are (specjax.pre_verify)."""
     pv = getattr(drafter, "pre_verifier", None) if config.pre_verify else None
-    if pv is None or rule in ("chain", "tree_sampled", "hsd"):
+    # A text chain's nodes carry none of what the pre-verifier reads: with one it is off.
+    if pv is None or rule in ("chain", "tree_sampled", "hsd") or config.tree.text_chain:
         return None
     return pv if pv.prunes(config.tree.num_nodes) else None
 
@@ -138,9 +140,18 @@ class SpeculativeLoop:
 
     @property
     def buckets(self) -> tuple[int, ...]:
-        n = self.config.tree.num_nodes
+        tree = self.config.tree
+        n = tree.num_nodes
+        if self.pre_verifier is None:  # a text chain: verify the valid nodes alone
+            return pre_verify.text_chain_buckets(tree.drafter_nodes, tree.text_chain)
         chosen = self.pre_verifier.shape.buckets or pre_verify.default_buckets(n)
         return tuple(sorted({b for b in chosen if b < n} | {n}))
+
+    @property
+    def verifies_valid_nodes_only(self) -> bool:
+        """Whether verification runs on the drafted nodes alone (on the smallest bucket that
+        holds them): with a pre-verifier, or a text chain (drafted only where the text matches)."""
+        return self.pre_verifier is not None or self.config.tree.text_chain > 0
 
     @property
     def path_slots(self) -> int:
@@ -289,14 +300,17 @@ class SpeculativeLoop:
             feature_layers=self.drafter.feature_layers,
         )
         pv = self.pre_verifier
-        if pv is None:
+        if not self.verifies_valid_nodes_only:
             v = self.verifier.verify(
                 s.verifier_state, self.target, tree, self.tree_mask(tree), verify_keys, **kwargs
             )
             n_verified = jnp.int32(cfg.tree.num_nodes)
             drafter_acc, drafter_hidden, cut = v.acceptance, v.hidden, jnp.zeros_like(live)
         else:
-            keep = pre_verify.keep_mask(tree, pv, live, cfg.tree.max_depth, self.buckets)
+            if pv is None:
+                keep = pre_verify.valid_mask(tree, live)
+            else:
+                keep = pre_verify.keep_mask(tree, pv, live, cfg.tree.max_depth, self.buckets)
             cut = jnp.sum(keep, axis=1) < jnp.sum(tree.valid, axis=1)
             tree, order = pre_verify.compact(tree, keep)
             v, n_verified = pre_verify.verify_in_buckets(
@@ -589,6 +603,12 @@ def check_speculative_args(target, drafter, config: SpecConfig, sampling: Sampli
         raise ValueError(
             f"{type(drafter).__name__} drafts static trees: give it TreeConfig(branching=...), "
             "or use a feature drafter (specjax.load_drafter) for a dynamic tree budget"
+        )
+    if config.tree.text_chain and not getattr(drafter, "text_chains", False):
+        raise ValueError(
+            f"{type(drafter).__name__} cannot add a text chain to its trees (TreeConfig."
+            "text_chain): use a feature drafter (specjax.load_drafter), or an n-gram drafter "
+            "with its text lookup for text alone"
         )
 
 

@@ -139,7 +139,8 @@ class Method:
         if tree.is_chain:
             shape = f"chain {tree.max_depth}"
         elif tree.is_dynamic:
-            shape = f"tree {tree.budget}/d{tree.max_depth}/top{tree.topk}"
+            shape = f"tree {tree.budget}/d{tree.drafter_depth}/top{tree.topk}"
+            shape += f" + text {tree.text_chain}" if tree.text_chain else ""
         else:
             shape = "tree (" + ",".join(map(str, tree.branching)) + ")"
         return f"{who} {shape}{rule}{via}"
@@ -169,7 +170,8 @@ def parse_method(spec: str) -> Method:
 
     DRAFTER is self:K, a draft checkpoint (same vocabulary as the target) or a trained drafter
     directory (checkpoints/...); the tree is `specjax generate --tree`'s N,DEPTH,TOPK (default: a
-    chain of 4; for trained drafters a dynamic budget, default 31,6,8); RULE one of SpecConfig's.
+    chain of 4; for trained drafters a dynamic budget, default 31,6,8, and N,DEPTH,TOPK,TEXT adds
+    a text chain of TEXT nodes); RULE one of SpecConfig's.
     """
     spec = spec.strip()
     if spec == AR:

@@ -43,6 +43,8 @@ class Drafter(Protocol):
     samples_children: False for drafters whose children are their top-k (sampled decoding then
         verifies with the one-hot tree rule).
     dynamic_trees: whether it chooses the topology of a TreeConfig.dynamic budget.
+    text_chains (optional, False when absent): whether it adds TreeConfig.text_chain's branch
+        drafted from the row's own text (its commit then reads accepted tokens from it too).
     An optional `stats(state) -> dict` of per-row [B] statistics is merged into the output's.
     """
 

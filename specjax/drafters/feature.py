@@ -6,9 +6,13 @@ M model dim, K kv heads, D head dim (in shapes of the chain: Dp = tree depth), U
 Both read the target's last hidden state (the engine passes it from the prefill and from every
 verification) and draft EAGLE-2 style dynamic trees with static shapes (specjax.tree.expand_topk):
 the TreeConfig is read as a budget (TreeConfig.dynamic(nodes, depth, topk), or a static
-config's node count, depth and widest branching) -- N = tree.num_nodes nodes, depth =
-tree.max_depth, and top-k as both the frontier width and the children per frontier node. Children
-are the top-k of the drafter (deterministic), so sampled decoding uses the one-hot tree rule.
+config's node count, depth and widest branching) -- N = tree.drafter_nodes nodes, depth =
+tree.drafter_depth, and top-k as both the frontier width and the children per frontier node.
+Children are the top-k of the drafter (deterministic), so sampled decoding uses the one-hot tree
+rule. With TreeConfig.text_chain = K the tree gets one more branch of the root, K nodes drafted
+from the row's own text (specjax.drafters.text_chain), numbered after the drafter's: the step
+keeps whichever branch the target accepts further, and the commit reads the accepted tokens
+from either.
 
 The drafter keeps its own one-layer KV cache in step with the target's: after every verification
 `commit` recomputes the accepted path's entries from the *target's* hidden states, so the context
@@ -36,6 +40,7 @@ from specjax.attention import attend, cpu_kernel_ok, resolve_impl
 from specjax.cache import KVCache, init_cache
 from specjax.config import SamplingConfig, SpecConfig, TreeConfig
 from specjax.drafters.base import RootContext
+from specjax.drafters.text_chain import RowText, commit_row_text, draft_text_chain, init_row_text
 from specjax.kernels import cpu_panels
 from specjax.models.drafter import DrafterNet, TargetParts, one_layer_weights, shift_right
 from specjax.models.layers import decoder_layer, rope_angles, write_block
@@ -55,7 +60,9 @@ class FeatureDrafterState:
     last_feature [B, M]: the feature the drafter read at position lengths - 1 (the target's
     last hidden state, with the fused lower layers when the drafter fuses some); last_token [B]:
     the token at that position (the root's parent, injected by mdc drafters with path_tokens 2).
-    tree_tokens [B, N]: the last proposed tree (commit reads the accepted tokens from it).
+    tree_tokens [B, N]: the last proposed tree, its text chain included (commit reads the
+    accepted tokens from it). row_text: the committed text (empty unless the tree has a text
+    chain).
     chain_h [B, Dp, M], chain_k / chain_v [B, Dp, K, D]: the mdc chain, slot d at position
     lengths + d (empty for eagle); chain_valid [B, Dp]: slots reusable by the next proposal.
     drafted / reused / chain_calls [B]: statistics over the steps the row was live (draft nodes
@@ -75,11 +82,24 @@ class FeatureDrafterState:
     reused: jax.Array
     chain_calls: jax.Array
     pending: jax.Array
+    row_text: RowText
+
+
+# The longest context the text chain matches (tokens): on SmolLM2's held-in answers a match of 8
+# or more tokens predicted the next token 94% of the time (NgramDrafter's TEXT_ONLY_LOGQ).
+TEXT_CHAIN_LONGEST = 8
+# The chain drafts only while the match is at least this long: shorter matches predict the next
+# token 21% (1 token) and 53% (2) of the time, and a node beyond the drafter's own costs ~3% of
+# a SmolLM2 step on a 2-core CPU; the engine verifies only the nodes drafted, on a few static
+# node counts. Offline on SmolLM2's MT-bench answers, eagle (7, 4, 4) with a chain of 8: 1.18x
+# the eagle alone drafting at every match, 1.28x from 3 tokens (NOTES.md, "Fifty-first session").
+TEXT_CHAIN_MIN_MATCH = 3
 
 
 def tree_budget(tree: TreeConfig) -> tuple[int, int, int]:
-    """(num_nodes, depth, top-k) of the dynamic tree a feature drafter builds for `tree`."""
-    return tree.num_nodes, tree.max_depth, tree.topk
+    """(num_nodes, depth, top-k) of the dynamic tree a feature drafter builds for `tree` (its
+    text chain left out)."""
+    return tree.drafter_nodes, tree.drafter_depth, tree.topk
 
 
 class FeatureDrafter(nnx.Module):
@@ -87,6 +107,8 @@ class FeatureDrafter(nnx.Module):
 
     samples_children = False  # children are top-k: sampled decoding uses the one-hot tree rule
     dynamic_trees = True  # chooses the topology within the TreeConfig's budget
+    text_chains = True  # adds TreeConfig.text_chain's branch drafted from the row's text
+    text_min_match = TEXT_CHAIN_MIN_MATCH  # static: the shortest match the chain drafts from
     # True: proposals record each node's parent drafter state (DraftTree.node_hidden), for
     # studies of what predicts acceptance (specjax.train.pre_verifier.record_steps); static.
     record_hidden = False
@@ -201,7 +223,7 @@ class FeatureDrafter(nnx.Module):
             cache=cache.replace(lengths=prompt_lens),
             last_feature=last.astype(jnp.float32),
             last_token=jnp.take_along_axis(prompt_ids, (prompt_lens - 1)[:, None], axis=1)[:, 0],
-            tree_tokens=jnp.zeros((b, n_nodes), jnp.int32),
+            tree_tokens=jnp.zeros((b, config.tree.num_nodes), jnp.int32),
             chain_h=jnp.zeros((b, slots, cfg.d_model), jnp.float32),
             chain_k=jnp.zeros((b, slots, cfg.n_kv_heads, cfg.head_dim), jnp.float32),
             chain_v=jnp.zeros((b, slots, cfg.n_kv_heads, cfg.head_dim), jnp.float32),
@@ -210,6 +232,13 @@ class FeatureDrafter(nnx.Module):
             reused=zeros_b,
             chain_calls=zeros_b,
             pending=jnp.zeros((b, 3), jnp.int32),
+            row_text=init_row_text(
+                prompt_ids,
+                prompt_lens,
+                cache_len,
+                config.tree.max_depth,
+                keep=config.tree.text_chain > 0,
+            ),  # fmt: skip
         )
 
     def propose(
@@ -228,7 +257,8 @@ class FeatureDrafter(nnx.Module):
         root_emb = jnp.take(parts.embed, ctx.root, axis=0)  # [B, M]
         step, root_state, shared = self._expansion(state, parts, ctx, root_emb, sampling, config)
         b = ctx.root.shape[0]
-        pv = self.pre_verifier if config.pre_verify else None
+        # The pre-verifier was trained on the drafter's own trees: with a text chain it is off.
+        pv = self.pre_verifier if config.pre_verify and not config.tree.text_chain else None
         pv = pv if pv is not None and pv.prunes(n_nodes) else None
         # With a pre-verifier, drafting stops once no frontier node is worth verifying.
         stop = None if pv is None else (pv.node_logp, pv.keep_logp(n_nodes), pv.shape.block)
@@ -257,6 +287,10 @@ class FeatureDrafter(nnx.Module):
             slot_reused, jnp.clip(tree.depth - 1, 0, depth - 1), axis=1
         )
         counts = jnp.stack([jnp.sum(drafted, 1), jnp.sum(from_reuse, 1), calls], axis=1)
+        if config.tree.text_chain:
+            tree = with_text_chain(
+                tree, state.row_text, ctx.root, config.tree.text_chain, self.text_min_match
+            )
         state = state.replace(tree_tokens=tree.tokens, pending=counts.astype(jnp.int32))
         return tree, state
 
@@ -298,6 +332,7 @@ class FeatureDrafter(nnx.Module):
             drafted=state.drafted + counted[:, 0],
             reused=state.reused + counted[:, 1],
             chain_calls=state.chain_calls + counted[:, 2],
+            row_text=commit_row_text(state.row_text, tokens, advance),
         )
         return self._shift_chain(state, n_acc + 1, moving)
 
@@ -330,6 +365,35 @@ class FeatureDrafter(nnx.Module):
     def _shift_chain(self, state, shift, live):
         """Carry what survives a commit of shift [B] positions (nothing, for eagle)."""
         return state
+
+
+def with_text_chain(tree: DraftTree, row_text: RowText, root, k: int, min_match: int) -> DraftTree:
+    """tree [B, N] with the text's chain of k nodes appended as one more branch of the root
+    (nodes N .. N + k - 1, each the child of the one before; valid while the text's match is
+    at least min_match tokens long). Its tokens are deterministic
+    (draft_prob 1, as for the drafter's top-k children under the one-hot rule); recorded
+    statistics and hidden states are zeros there."""
+    b, n = tree.tokens.shape
+    tokens, valid = draft_text_chain(row_text, root, k, TEXT_CHAIN_LONGEST, min_match)
+    chain = jnp.arange(k, dtype=jnp.int32)
+    parents = jnp.broadcast_to(jnp.where(chain == 0, 0, n + chain - 1), (b, k))
+
+    def pad(x):
+        return None if x is None else jnp.pad(x, ((0, 0), (0, k)) + ((0, 0),) * (x.ndim - 2))
+
+    return tree.replace(
+        tokens=jnp.concatenate([tree.tokens, tokens], axis=1),
+        parents=jnp.concatenate([tree.parents, parents.astype(tree.parents.dtype)], axis=1),
+        depth=jnp.concatenate(
+            [tree.depth, jnp.broadcast_to(chain + 1, (b, k)).astype(tree.depth.dtype)], axis=1
+        ),
+        valid=jnp.concatenate([tree.valid, valid], axis=1),
+        draft_prob=jnp.concatenate(
+            [tree.draft_prob, jnp.ones((b, k), tree.draft_prob.dtype)], axis=1
+        ),
+        node_stats=pad(tree.node_stats),
+        node_hidden=pad(tree.node_hidden),
+    )
 
 
 class EagleDrafter(FeatureDrafter):

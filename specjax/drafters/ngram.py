@@ -43,6 +43,13 @@ from flax import nnx
 from specjax.config import SamplingConfig, SpecConfig
 from specjax.drafters.base import RootContext
 from specjax.drafters.lm import tree_constants
+from specjax.drafters.text_chain import (
+    RowText,
+    commit_row_text,
+    init_row_text,
+    match_text,
+    with_root,
+)
 from specjax.tree import LOGQ_FLOOR, Acceptance, DraftTree
 
 FORMAT = "specjax-ngram-drafter"
@@ -134,30 +141,6 @@ class NgramState:
     # path written at commit), never read: L = 0 without the text lookup
     text: jax.Array
     filled: jax.Array  # [B] how many tokens of text are committed (the root goes at filled)
-
-
-def match_text(text, known, contexts, longest: int) -> tuple[jax.Array, jax.Array]:
-    """(token [B, W], order [B, W]): for each context [B, W, S] (oldest first, -1 where there is
-    no token), the token that followed the latest of its longest matches, up to `longest`
-    tokens, in text [B, L], among positions j < known [B] (text[j] must be a real token); order 0
-    where not even its last token occurs (token is then text[0], unused). Elementwise over
-    [B, W, L] for each order: cheap beside a target forward, whose cost grows with L as well."""
-    b, length = text.shape
-    s = contexts.shape[-1]
-    pos = jnp.arange(length, dtype=jnp.int32)
-    alive = jnp.ones(contexts.shape[:2] + (length,), bool)
-    matched = jnp.zeros(contexts.shape[:2] + (length,), jnp.int32)
-    for k in range(1, longest + 1):  # text[j - k] against the context's k-th last token
-        before = jnp.pad(text, ((0, 0), (k, 0)), constant_values=-2)[:, None, :length]
-        want = contexts[..., s - k, None]
-        alive = alive & (before == want) & (want >= 0)
-        matched = matched + alive
-    usable = (pos[None, None, :] < known[:, None, None]) & (matched > 0)
-    score = jnp.where(usable, matched * length + pos, -1)  # longest, then latest
-    best = jnp.argmax(score, axis=-1)  # [B, W]
-    order = jnp.maximum(jnp.max(score, axis=-1), 0) // length  # the best score's match length
-    token = jnp.take_along_axis(text, best.reshape(b, -1), axis=1).reshape(best.shape)
-    return token, order
 
 
 class NgramDrafter(nnx.Module):
@@ -306,18 +289,10 @@ class NgramDrafter(nnx.Module):
         taken = jnp.take_along_axis(prompt_ids, jnp.maximum(pos, 0), axis=1)
         history = jnp.where(pos >= 0, taken, -1).astype(jnp.int32)
         proposed = jnp.zeros((b, config.tree.num_nodes), jnp.int32)
-        if self.lookup_len:
-            # Committed tokens stay below cache_len; the slack takes a whole path written at
-            # the last of them (a dynamic_update_slice past the end would move the write).
-            width = cache_len + config.tree.max_depth + 1
-            text = jnp.full((b, width), -1, jnp.int32)
-            t = prompt_ids.shape[1]
-            in_prompt = jnp.arange(t)[None, :] < prompt_lens[:, None]
-            text = text.at[:, :t].set(jnp.where(in_prompt, prompt_ids, -1).astype(jnp.int32))
-        else:
-            text = jnp.zeros((b, 0), jnp.int32)
-        return NgramState(history=history, proposed=proposed, text=text,
-                          filled=prompt_lens.astype(jnp.int32))  # fmt: skip
+        rt = init_row_text(
+            prompt_ids, prompt_lens, cache_len, config.tree.max_depth, bool(self.lookup_len)
+        )
+        return NgramState(history=history, proposed=proposed, text=rt.text, filled=rt.filled)
 
     def propose(
         self,
@@ -340,7 +315,7 @@ class NgramDrafter(nnx.Module):
         parents, depth = tree_constants(tree_cfg, b)
         seq = state.text
         if self.lookup_len:  # the root is the text's next token
-            seq = seq.at[jnp.arange(b), state.filled].set(ctx.root)
+            seq = with_root(RowText(text=state.text, filled=state.filled), ctx.root)
         # Level by level: the frontier's contexts [B, W, S], each node's children the top
         # entries of its row. Levels are concatenated once at the end (fewer ops a step).
         front = jnp.concatenate([state.history[:, 1:], ctx.root[:, None]], axis=1)[:, None]
@@ -390,10 +365,8 @@ class NgramDrafter(nnx.Module):
         state = state.replace(history=jnp.take_along_axis(full, window, axis=1))
         if not self.lookup_len:
             return state
-        # The whole path is written; what lies past advance is overwritten before it is read.
-        write = jax.vmap(lambda row, path, at: jax.lax.dynamic_update_slice(row, path, (at,)))
-        text = write(state.text, path_tokens, state.filled)
-        return state.replace(text=text, filled=state.filled + advance)
+        rt = commit_row_text(RowText(text=state.text, filled=state.filled), path_tokens, advance)
+        return state.replace(text=rt.text, filled=rt.filled)
 
 
 def save_ngram_drafter(drafter: NgramDrafter, out_dir: str | Path, header: dict) -> Path:

@@ -140,15 +140,18 @@ def make_drafter(spec: str, target_loaded):
 
 def tree_for(drafter_spec: str | None, tree_spec: str | None):
     """The TreeConfig for a drafter: feature drafters read --tree N,DEPTH,TOPK as a dynamic
-    budget (default 31 nodes, depth 6, top-8); draft models build the static tree of parse_tree."""
+    budget (default 31 nodes, depth 6, top-8), N,DEPTH,TOPK,TEXT with a text chain of TEXT
+    nodes (TreeConfig.text_chain); draft models build the static tree of parse_tree."""
     if drafter_spec and is_feature_drafter(drafter_spec):
         if tree_spec is None:
             return TreeConfig.dynamic(31, 6, 8)
         try:
-            nodes, depth, topk = (int(x) for x in tree_spec.split(","))
+            nodes, depth, topk, *text = (int(x) for x in tree_spec.split(","))
+            if len(text) > 1:
+                raise ValueError
         except ValueError:
             raise ValueError(
-                f"--tree expects N,DEPTH,TOPK (three ints), got {tree_spec!r}"
+                f"--tree expects N,DEPTH,TOPK or N,DEPTH,TOPK,TEXT (ints), got {tree_spec!r}"
             ) from None
-        return TreeConfig.dynamic(nodes, depth, topk)
+        return TreeConfig.dynamic(nodes, depth, topk).with_text_chain(text[0] if text else 0)
     return parse_tree(tree_spec)

@@ -1,0 +1,158 @@
+"""A text chain on a feature drafter's tree (TreeConfig.text_chain): the chain prompt lookup
+drafts, greedy equality across trees, batches and the cache's end, the committed text, the
+sampled distribution with the chain on, and the errors."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from lively_models import lively_llama
+from test_feature_drafter import make_drafter
+from test_lossless_e2e import CFG, N_ROWS, check_rows, observed_tokens, sharpened
+from test_ngram_drafter import LIVELY, TEST_PROMPTS, host_text_match
+
+import specjax
+from specjax.config import SamplingConfig, SpecConfig, TreeConfig
+from specjax.drafters.text_chain import draft_text_chain, init_row_text
+from specjax.speculative import SteppedRun, check_speculative_args
+
+
+def host_chain(committed, root, k, longest):
+    """The chain prompt lookup drafts after root, by brute force: (tokens, how many valid)."""
+    text, ctx, out = list(committed) + [root], list(committed) + [root], []
+    for _ in range(k):
+        token, order = host_text_match(text, ctx, longest)
+        if not order:
+            break
+        out.append(token)
+        ctx.append(token)
+    return out
+
+
+def test_draft_text_chain_follows_a_brute_force():
+    rng = np.random.default_rng(0)
+    for trial in range(30):
+        b, t = 3, int(rng.integers(1, 20))
+        ids = rng.integers(0, 4, (b, t))
+        lens = rng.integers(1, t + 1, (b,))
+        root = rng.integers(0, 5, (b,))  # 4: a token the text never holds
+        rt = init_row_text(jnp.asarray(ids), jnp.asarray(lens), cache_len=32, max_depth=5,
+                           keep=True)  # fmt: skip
+        tokens, valid = draft_text_chain(rt, jnp.asarray(root, jnp.int32), 5, 3)
+        for r in range(b):
+            want = host_chain(ids[r, : lens[r]].tolist(), int(root[r]), 5, 3)
+            n = int(np.sum(valid[r]))
+            assert np.all(np.asarray(valid[r, :n])) and n == len(want), (trial, r)
+            assert np.asarray(tokens[r, :n]).tolist() == want, (trial, r)
+
+
+@pytest.fixture(scope="module")
+def lively():
+    return lively_llama(LIVELY, seed=1)
+
+
+def greedy_equal(target, drafter, tree, batch, new):
+    rows = TEST_PROMPTS[:batch]
+    ref = specjax.generate(target, rows, max_new_tokens=new)
+    out = specjax.speculative_generate(
+        target, drafter, rows, max_new_tokens=new, config=SpecConfig(tree=tree)
+    )
+    chex.assert_trees_all_equal(out.tokens, ref.tokens)
+    chex.assert_trees_all_equal(out.lengths, ref.lengths)
+    return out
+
+
+@pytest.mark.parametrize("kind", ["eagle", "mdc"])
+@pytest.mark.parametrize(
+    "tree",
+    [
+        TreeConfig.dynamic(7, 3, 3).with_text_chain(4),
+        TreeConfig.dynamic(2, 1, 2).with_text_chain(6),
+    ],
+    ids=["7-3-3+text4", "2-1-2+text6"],
+)
+def test_greedy_equals_generate_across_trees_batches_and_the_cache_end(lively, kind, tree):
+    drafter = make_drafter(kind, lively)
+    end = LIVELY.max_seq_len - 8 - tree.num_nodes - 2
+    for batch, new in ((1, 40), (3, 40), (3, end)):
+        out = greedy_equal(lively, drafter, tree, batch, new)
+    # Paths longer than the drafter's own depth went through the text chain.
+    hist = np.asarray(out.stats["accepted_hist"]).sum(0)
+    assert hist[tree.drafter_depth + 1 :].sum() > 0, hist
+
+
+def test_the_committed_text_is_the_prompt_and_the_output(lively):
+    drafter = make_drafter("eagle", lively)
+    tree = TreeConfig.dynamic(3, 2, 2).with_text_chain(5)
+    ref = specjax.generate(lively, TEST_PROMPTS, max_new_tokens=30)
+    run = SteppedRun(lively, drafter, TEST_PROMPTS, max_new_tokens=30, config=SpecConfig(tree=tree))
+    for _ in range(4):
+        run.step()
+    rt = run.state.drafter_state.row_text
+    for b, prompt in enumerate(TEST_PROMPTS):
+        filled = int(rt.filled[b])
+        emitted = filled - len(prompt)
+        assert emitted >= 4  # the prefill's token and at least one per step
+        want = prompt + np.asarray(ref.tokens[b, :emitted]).tolist()
+        assert np.asarray(rt.text[b, :filled]).tolist() == want, b
+
+
+@pytest.mark.parametrize("kind", ["eagle", "mdc"])
+def test_sampled_text_chain_keeps_the_target_distribution(kind, optimized_loop):
+    """The one-hot tree rule over the drafter's top-1 and the text's chain of 2: the joint
+    distribution of the first tokens over N_ROWS sampled rows is the target's exact one. The
+    prompt repeats itself, so the text's chain is accepted often (~12% of steps: measured with
+    this target and drafter), and a path of two drafts can only have gone through it."""
+    target = sharpened(CFG, 4, 2.0)
+    prompt = [1, 5, 2, 6, 3, 1, 5, 2, 6, 3]
+    drafter = make_drafter(kind, target, seed=2, scale=2.0)
+    drafter.text_min_match = 1  # these rows are short: draft from any match
+    sampling = SamplingConfig(temperature=1.0)
+    tree = TreeConfig.dynamic(1, 1, 1).with_text_chain(2)
+    out = specjax.speculative_generate(
+        target, drafter, [prompt] * N_ROWS, max_new_tokens=observed_tokens(tree),
+        config=SpecConfig(tree=tree), sampling=sampling,
+        key=jax.random.split(jax.random.key(0), N_ROWS),
+    )  # fmt: skip
+    problem = check_rows(np.asarray(out.tokens), target, sampling, prompt)
+    assert problem is None, problem
+    hist = np.asarray(out.stats["accepted_hist"]).sum(0)
+    assert hist[2] > 0.005 * hist.sum() and hist[0] > 0.05 * hist.sum(), hist
+
+
+def test_a_text_chain_needs_a_dynamic_tree_and_a_drafter_that_adds_it(lively):
+    with pytest.raises(ValueError, match="text chain hangs off a dynamic tree"):
+        TreeConfig(branching=(2, 1), text_chain=2)
+    with pytest.raises(ValueError, match="text_chain must be >= 0"):
+        TreeConfig.dynamic(3, 2, 2).with_text_chain(-1)
+
+    class DynamicWithoutText:  # a drafter choosing dynamic trees that adds no text chain
+        samples_children = False
+        dynamic_trees = True
+
+        def check_compatible(self, target):
+            pass
+
+    tree = TreeConfig.dynamic(3, 2, 2).with_text_chain(2)
+    with pytest.raises(ValueError, match="cannot add a text chain"):
+        check_speculative_args(lively, DynamicWithoutText(), SpecConfig(tree=tree),
+                               SamplingConfig())  # fmt: skip
+    assert tree.num_nodes == 6 and tree.max_depth == 2 and tree.drafter_nodes == 4
+    assert TreeConfig.dynamic(3, 2, 2).with_text_chain(5).max_depth == 5
+    assert not TreeConfig.dynamic(2, 2, 1).with_text_chain(2).is_chain
+
+
+def test_the_tree_spelling_takes_a_text_chain(tmp_path):
+    from specjax.bench.methods import parse_method
+    from specjax.choice import tree_label
+    from specjax.drafters.spec import tree_for
+
+    (tmp_path / "drafter.json").write_text("{}")  # names a feature drafter directory
+    tree = tree_for(str(tmp_path), "7,4,4,8")
+    assert tree == TreeConfig.dynamic(7, 4, 4).with_text_chain(8)
+    assert tree_for(str(tmp_path), "7,4,4").text_chain == 0
+    with pytest.raises(ValueError, match="N,DEPTH,TOPK,TEXT"):
+        tree_for(str(tmp_path), "7,4,4,8,1")
+    assert tree_label(tree) == "dynamic(7,4,4)+text(8)"
+    assert parse_method(f"{tmp_path}@7,4,4,8").name.endswith("tree 7/d4/top4 + text 8")
