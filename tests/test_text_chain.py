@@ -107,7 +107,6 @@ def test_sampled_text_chain_keeps_the_target_distribution(kind, optimized_loop):
     target = sharpened(CFG, 4, 2.0)
     prompt = [1, 5, 2, 6, 3, 1, 5, 2, 6, 3]
     drafter = make_drafter(kind, target, seed=2, scale=2.0)
-    drafter.text_min_match = 1  # these rows are short: draft from any match
     sampling = SamplingConfig(temperature=1.0)
     tree = TreeConfig.dynamic(1, 1, 1).with_text_chain(2)
     out = specjax.speculative_generate(

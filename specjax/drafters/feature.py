@@ -88,12 +88,6 @@ class FeatureDrafterState:
 # The longest context the text chain matches (tokens): on SmolLM2's held-in answers a match of 8
 # or more tokens predicted the next token 94% of the time (NgramDrafter's TEXT_ONLY_LOGQ).
 TEXT_CHAIN_LONGEST = 8
-# The chain drafts only while the match is at least this long: shorter matches predict the next
-# token 21% (1 token) and 53% (2) of the time, and a node beyond the drafter's own costs ~3% of
-# a SmolLM2 step on a 2-core CPU; the engine verifies only the nodes drafted, on a few static
-# node counts. Offline on SmolLM2's MT-bench answers, eagle (7, 4, 4) with a chain of 8: 1.18x
-# the eagle alone drafting at every match, 1.28x from 3 tokens (NOTES.md, "Fifty-first session").
-TEXT_CHAIN_MIN_MATCH = 3
 
 
 def tree_budget(tree: TreeConfig) -> tuple[int, int, int]:
@@ -108,7 +102,6 @@ class FeatureDrafter(nnx.Module):
     samples_children = False  # children are top-k: sampled decoding uses the one-hot tree rule
     dynamic_trees = True  # chooses the topology within the TreeConfig's budget
     text_chains = True  # adds TreeConfig.text_chain's branch drafted from the row's text
-    text_min_match = TEXT_CHAIN_MIN_MATCH  # static: the shortest match the chain drafts from
     # True: proposals record each node's parent drafter state (DraftTree.node_hidden), for
     # studies of what predicts acceptance (specjax.train.pre_verifier.record_steps); static.
     record_hidden = False
@@ -288,9 +281,7 @@ class FeatureDrafter(nnx.Module):
         )
         counts = jnp.stack([jnp.sum(drafted, 1), jnp.sum(from_reuse, 1), calls], axis=1)
         if config.tree.text_chain:
-            tree = with_text_chain(
-                tree, state.row_text, ctx.root, config.tree.text_chain, self.text_min_match
-            )
+            tree = with_text_chain(tree, state.row_text, ctx.root, config.tree.text_chain)
         state = state.replace(tree_tokens=tree.tokens, pending=counts.astype(jnp.int32))
         return tree, state
 
@@ -367,14 +358,17 @@ class FeatureDrafter(nnx.Module):
         return state
 
 
-def with_text_chain(tree: DraftTree, row_text: RowText, root, k: int, min_match: int) -> DraftTree:
+def with_text_chain(tree: DraftTree, row_text: RowText, root, k: int) -> DraftTree:
     """tree [B, N] with the text's chain of k nodes appended as one more branch of the root
-    (nodes N .. N + k - 1, each the child of the one before; valid while the text's match is
-    at least min_match tokens long). Its tokens are deterministic
-    (draft_prob 1, as for the drafter's top-k children under the one-hot rule); recorded
-    statistics and hidden states are zeros there."""
+    (nodes N .. N + k - 1, each the child of the one before; valid while the text matches).
+    Every node is verified, valid or not (static shapes): verifying only the valid ones on a
+    few static node counts (lax.switch, as the pre-verifier does) cost 5-7 ms of a 38 ms
+    SmolLM2 step on a 2-core CPU in the conditional alone, more than it saved (NOTES.md,
+    "Fifty-first session"). Its tokens are deterministic (draft_prob 1, as for the drafter's
+    top-k children under the one-hot rule); recorded statistics and hidden states are zeros
+    there."""
     b, n = tree.tokens.shape
-    tokens, valid = draft_text_chain(row_text, root, k, TEXT_CHAIN_LONGEST, min_match)
+    tokens, valid = draft_text_chain(row_text, root, k, TEXT_CHAIN_LONGEST)
     chain = jnp.arange(k, dtype=jnp.int32)
     parents = jnp.broadcast_to(jnp.where(chain == 0, 0, n + chain - 1), (b, k))
 
