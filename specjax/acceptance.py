@@ -86,7 +86,10 @@ class AcceptanceProfile:
         return out
 
     def covers(self, tree: TreeConfig) -> bool:
-        """Whether the profile predicts this tree (it lies within the probe)."""
+        """Whether the profile predicts this tree (it lies within the probe; a text chain's
+        acceptance is not in the profile)."""
+        if tree.text_chain:
+            return False
         if self.kind == "dynamic":
             return (
                 tree.is_dynamic

@@ -56,6 +56,7 @@ def test_dynamic_table_counts_what_each_smaller_budget_keeps():
     assert p.predict_tau(TreeConfig.dynamic(2, 2, 2)) == 1.0  # depth 2 keeps nodes 1 and 3
     assert p.predict_tau(TreeConfig.dynamic(4, 2, 2)) == 3.0
     assert not p.covers(TreeConfig.dynamic(4, 2, 4))  # another top-k: another expansion
+    assert not p.covers(TreeConfig.dynamic(2, 1, 2).with_text_chain(2))  # the text: not measured
     # Sibling ranks by draft probability: node 2 is rank 1 at depth 1.
     assert p.rank_accept[0] == (0.0, 1.0)
 
