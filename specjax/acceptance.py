@@ -19,6 +19,13 @@ accepted in that step: tau_table[d - 1][n - 1] = mean tokens per step with depth
 nodes. Exact for greedy decoding step by step (the smaller tree's accepted path is the longest
 prefix of the probe's that it holds); under sampling an approximation.
 
+Text chains (TreeConfig.text_chain, feature drafters, greedy). A chain drafted from the row's
+own text depends only on the text, so at every recorded step of the probe run the chain prompt
+lookup would have drafted is replayed on the host against the tokens the target went on to
+write: text_table[i][d - 1][n - 1] = mean tokens per step of the dynamic tree (n, d) with a chain
+of text_chains[i] nodes, the step keeping the longer of its tree's path and the chain's accepted
+run. Exact step by step for greedy decoding, like tau_table.
+
 Both are written as JSON: a feature drafter's next to its checkpoint (acceptance.json, from
 held-in prompts at training time: experiments/calibrate_drafters.py), other pairs in the cost
 cache (specjax.autotune).
@@ -38,6 +45,8 @@ from specjax.config import SamplingConfig, SpecConfig, TreeConfig
 
 FORMAT_VERSION = 1
 PROFILE_FILE = "acceptance.json"
+# Text chain lengths a greedy dynamic profile measures (SpecConfig.auto() weighs each).
+TEXT_CHAINS = (2, 4, 8)
 
 
 def mode_of(sampling: SamplingConfig) -> str:
@@ -55,7 +64,8 @@ class AcceptanceProfile:
     number of children of rank r at depth d whose parent was accepted (for dynamic trees the
     rank among siblings by draft probability); tau_table: dynamic only (module docstring);
     prompts: what the calibration prompts were; shift: the acceptance shift applied to the
-    measured profile (scaled()), 1.0 as measured.
+    measured profile (scaled()), 1.0 as measured; text_chains, text_table: dynamic greedy
+    profiles of drafters that add text chains (module docstring), else empty.
     """
 
     kind: str
@@ -68,6 +78,8 @@ class AcceptanceProfile:
     tau_table: tuple[tuple[float, ...], ...] = ()
     prompts: str = ""
     shift: float = 1.0  # see scaled(); 1.0 for a profile as measured
+    text_chains: tuple[int, ...] = ()
+    text_table: tuple[tuple[tuple[float, ...], ...], ...] = ()
 
     @property
     def depth(self) -> int:
@@ -86,10 +98,10 @@ class AcceptanceProfile:
         return out
 
     def covers(self, tree: TreeConfig) -> bool:
-        """Whether the profile predicts this tree (it lies within the probe; a text chain's
-        acceptance is not in the profile)."""
+        """Whether the profile predicts this tree (it lies within the probe, and a text chain's
+        length was measured)."""
         if tree.text_chain:
-            return False
+            return tree.text_chain in self.text_chains and self.covers(tree.with_text_chain(0))
         if self.kind == "dynamic":
             return (
                 tree.is_dynamic
@@ -107,6 +119,9 @@ class AcceptanceProfile:
         """Expected tokens per step (accepted + 1) with `tree`; ValueError outside the probe."""
         if not self.covers(tree):
             raise ValueError(f"tree {tree} lies outside this profile's probe {self.probe}")
+        if tree.text_chain:
+            table = self.text_table[self.text_chains.index(tree.text_chain)]
+            return table[tree.drafter_depth - 1][tree.drafter_nodes - 1]
         if self.kind == "dynamic":
             return self.tau_table[tree.max_depth - 1][tree.num_nodes - 1]
         expected, reach = 1.0, 1.0
@@ -121,6 +136,10 @@ class AcceptanceProfile:
         whole profile each time cost ~70 ms a call."""
         if shift == 1.0 or not self.covers(tree):
             return self.scaled(shift).predict_tau(tree)
+        if tree.text_chain:  # the drafter's part moves with the shift; the text's gain stays
+            base = tree.with_text_chain(0)
+            moved = self.scaled_tau(base, shift) - self.predict_tau(base)
+            return float(min(max(self.predict_tau(tree) + moved, 1.0), tree.max_depth + 1.0))
         if self.kind == "dynamic":
             col, below, total = tree.num_nodes - 1, 1.0, 1.0
             for k, row in enumerate(self.tau_table[: tree.max_depth], start=1):
@@ -145,7 +164,7 @@ class AcceptanceProfile:
         if shift == 1.0:
             return self
         ranks = tuple(tuple(min(a * shift, 1.0) for a in row) for row in self.rank_accept)
-        table = self.tau_table
+        table, text_table = self.tau_table, self.text_table
         if self.kind == "dynamic":
             below = np.ones(len(table[0]))
             scaled, rows = below.copy(), []
@@ -153,10 +172,20 @@ class AcceptanceProfile:
                 scaled = scaled + (row - below) * shift**k
                 rows.append(tuple(float(x) for x in np.clip(scaled, 1.0, k + 1.0)))
                 below = row
+            # A text chain's tree moves by what its drafter's tree moved (scaled_tau).
+            moved = np.asarray(rows) - np.asarray(table, np.float64)
+            text_table = tuple(
+                tuple(
+                    tuple(float(x) for x in np.clip(row, 1.0, max(d, k) + 1.0))
+                    for d, row in enumerate(np.asarray(t, np.float64) + moved, start=1)
+                )
+                for k, t in zip(self.text_chains, self.text_table, strict=True)
+            )
             table = tuple(rows)
         return dataclasses.replace(
-            self, rank_accept=ranks, tau_table=table, shift=self.shift * shift
-        )
+            self, rank_accept=ranks, tau_table=table, text_table=text_table,
+            shift=self.shift * shift,
+        )  # fmt: skip
 
     def to_json(self) -> dict:
         return {"version": FORMAT_VERSION, **dataclasses.asdict(self)}
@@ -168,6 +197,8 @@ class AcceptanceProfile:
         for name in ("rank_accept", "rank_count", "tau_table"):
             kw[name] = tuple(tuple(row) for row in kw.get(name, ()))
         kw["probe"] = tuple(kw["probe"])
+        kw["text_chains"] = tuple(kw.get("text_chains", ()))
+        kw["text_table"] = tuple(tuple(tuple(row) for row in t) for t in kw.get("text_table", ()))
         return cls(**kw)
 
 
@@ -219,11 +250,18 @@ def _sibling_ranks(parents: np.ndarray, order_key: np.ndarray, valid: np.ndarray
 
 
 class ProfileRecorder:
-    """Accumulates the steps of a calibration run with the probe tree into a profile."""
+    """Accumulates the steps of a calibration run with the probe tree into a profile.
+    text_chains: chain lengths to measure (dynamic probes): every step's table row is kept
+    until add_text gives what a chain from the row's text accepted there."""
 
-    def __init__(self, probe: TreeConfig, mode: str):
+    def __init__(self, probe: TreeConfig, mode: str, text_chains: Sequence[int] = ()):
+        if text_chains and not probe.is_dynamic:
+            raise ValueError("text chains are measured with a dynamic probe")
         self.probe = probe
         self.mode = mode
+        self.text_chains = tuple(sorted(text_chains))
+        self.step_rows: list[np.ndarray] = []  # [depth, N] per step, kept for text chains
+        self.text_sum = np.zeros((len(self.text_chains), probe.max_depth, probe.num_nodes))
         self.depth = probe.max_depth
         width = probe.topk
         self.accept = np.zeros((self.depth, width), np.int64)
@@ -256,8 +294,17 @@ class ProfileRecorder:
         if self.probe.is_dynamic:
             self._add_dynamic(np.asarray(path)[1 : n_acc + 1], depth, valid, score)
 
+    def add_text(self, step: int, chain_accepted: int) -> None:
+        """What a text chain accepted at recorded step `step` (index among add()'s calls): the
+        chain prompt lookup drafts there, with up to max(text_chains) nodes, had its first
+        chain_accepted tokens right. Each length's tree keeps the longer of the two paths."""
+        rows = self.step_rows[step]
+        for i, k in enumerate(self.text_chains):
+            self.text_sum[i] += np.maximum(rows, 1 + min(chain_accepted, k))
+
     def _add_dynamic(self, path, depth, valid, score) -> None:
         n = self.tau_sum.shape[1]
+        rows = np.ones((self.depth, n))
         for d in range(1, self.depth + 1):
             keep = valid & (depth <= d)
             keep[0] = False
@@ -273,6 +320,9 @@ class ProfileRecorder:
             for need, j in accepted_at:
                 row[need:] = 1 + j  # nodes = budget + 1 >= need + 1
             self.tau_sum[d - 1] += row
+            rows[d - 1] = row
+        if self.text_chains:
+            self.step_rows.append(rows)
 
     def profile(self, prompts: str = "") -> AcceptanceProfile:
         acc = np.where(self.count > 0, self.accept / np.maximum(self.count, 1), 0.0)
@@ -284,6 +334,10 @@ class ProfileRecorder:
             kind = "dynamic"
         else:
             probe_tuple, table, kind = tuple(probe.branching), (), "static"
+        text_table = tuple(
+            tuple(tuple(round(float(x), 5) for x in r / max(self.steps, 1)) for r in t)
+            for t in self.text_sum
+        )
         return AcceptanceProfile(
             kind=kind,
             mode=self.mode,
@@ -294,6 +348,8 @@ class ProfileRecorder:
             rank_count=tuple(tuple(int(x) for x in row) for row in self.count),
             tau_table=table,
             prompts=prompts,
+            text_chains=self.text_chains,
+            text_table=text_table,
         )
 
 
@@ -312,9 +368,11 @@ def calibrate(
 ) -> AcceptanceProfile:
     """Run speculative decoding with the probe tree on `prompts` (token-id lists), recording every
     live row's step, and return the profile. Sampled profiles are measured at `sampling` (use
-    temperature 1)."""
+    temperature 1). Greedy dynamic profiles of drafters that add text chains also measure chains
+    of TEXT_CHAINS nodes (the module docstring)."""
     import jax
 
+    from specjax.drafters.text_chain import LONGEST, host_text_chain
     from specjax.speculative import SteppedRun
 
     run = SteppedRun(
@@ -327,14 +385,32 @@ def calibrate(
         key=jax.random.key(0) if key is None else key,
         eos_id=eos_id,
     )
-    recorder = ProfileRecorder(probe, mode_of(sampling))
+    with_text = sampling.greedy and probe.is_dynamic and getattr(drafter, "text_chains", False)
+    recorder = ProfileRecorder(probe, mode_of(sampling), TEXT_CHAINS if with_text else ())
+    at = []  # (row, tokens emitted before the step) of every recorded step
     while not run.done:
+        emitted = np.asarray(run.state.n_generated)
         tree, acc, live = jax.device_get(run.step())
         for b in np.flatnonzero(live):
             recorder.add(
                 tree.parents[b], tree.depth[b], tree.valid[b], tree.draft_prob[b],
                 acc.path[b], acc.n_accepted[b],
             )  # fmt: skip
+            at.append((int(b), int(emitted[b])))
         if progress is not None and recorder.steps % 50 < int(live.sum()):
             progress(f"calibrating acceptance: {recorder.steps} row-steps")
+    if with_text:  # the greedy output is the target's: replay the text's chain at every step
+        out = np.asarray(run.state.tokens)
+        n_out = np.asarray(run.state.n_generated)
+        for step, (b, g) in enumerate(at):
+            # At this step the root (the last emitted token) was pending after the prompt and
+            # the g - 1 tokens before it; the target then wrote out[b, g:].
+            text = list(prompts[b]) + out[b, :g].tolist()
+            chain = host_text_chain(text, max(TEXT_CHAINS), LONGEST)
+            right = 0
+            for token, truth in zip(chain, out[b, g : n_out[b]], strict=False):
+                if token != truth:
+                    break
+                right += 1
+            recorder.add_text(step, right)
     return recorder.profile(description)

@@ -1025,7 +1025,8 @@ def timed_steps(
         try:
             data = json.loads(path.read_text())
             if data["key"] == key and data["version"] == FORMAT_VERSION:
-                trees = [TreeConfig(branching=tuple(t["branching"]), budget=int(t["budget"]))
+                trees = [TreeConfig(branching=tuple(t["branching"]), budget=int(t["budget"]),
+                                    text_chain=int(t.get("text_chain", 0)))
                          for t in data["trees"]]  # fmt: skip
                 # Ledgers written before readings were kept hold one ratio a tree.
                 kept = data.get("readings") or [[r] for r in data["ratios"]]

@@ -131,6 +131,16 @@ def card_section(profiles) -> str:
         f"({profiles[0].prompts}); SpecConfig.auto() predicts tau for every tree from it. "
         "Depth d: P(a child at depth d is accepted | its parent was). Rank r: P(the rank-r "
         "child is accepted | its parent was), over depths.",
+        *(
+            [
+                "",
+                "Greedy dynamic profiles also hold trees with a text chain of "
+                f"{', '.join(map(str, texts[0]))} nodes (text_table): the replayed chain's tokens "
+                "against the target's, every step.",
+            ]
+            if (texts := [p.text_chains for p in profiles if p.text_chains])
+            else []
+        ),
         "",
         "| mode | probe | row-steps | tau of the probe | by depth 1..8 | by sibling rank 0..3 |",
         "|---|---|---|---|---|---|",

@@ -202,12 +202,14 @@ class Choice:
 
 
 def candidate_trees(profile: AcceptanceProfile, max_nodes: int) -> Iterator[TreeConfig]:
-    """Every tree within the profile's probe with at most max_nodes nodes (root included)."""
+    """Every tree within the profile's probe with at most max_nodes nodes (root included), and
+    each dynamic one with every text chain the profile measured."""
     if profile.kind == "dynamic":
         budget, depth, topk = profile.probe
-        for d in range(1, depth + 1):
-            for n in range(1, min(budget, max_nodes - 1) + 1):
-                yield TreeConfig.dynamic(n, d, topk)
+        for k in (0, *profile.text_chains):
+            for d in range(1, depth + 1):
+                for n in range(1, min(budget, max_nodes - 1 - k) + 1):
+                    yield TreeConfig.dynamic(n, d, topk).with_text_chain(k)
         return
     for d in range(1, len(profile.probe) + 1):
         for branching in itertools.product(*(range(1, b + 1) for b in profile.probe[:d])):
@@ -457,8 +459,11 @@ def call_context(target, prompt_width: int, max_new_tokens: int, attn_impl: str 
 
 
 def _family(tree: TreeConfig):
-    """What sets a candidate apart for timing: a dynamic tree's top-k, a static tree's depth."""
-    return ("topk", tree.topk) if tree.is_dynamic else ("depth", tree.max_depth)
+    """What sets a candidate apart for timing: a dynamic tree's top-k and whether it has a text
+    chain, a static tree's depth."""
+    if tree.is_dynamic:
+        return ("topk", tree.topk, tree.text_chain > 0)
+    return ("depth", tree.max_depth)
 
 
 def _best_trees(profiles, verify, draft, *, count, timed=(), **kwargs) -> list[TreeConfig]:

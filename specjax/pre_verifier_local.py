@@ -154,9 +154,10 @@ def pruning_gain(target, drafter, tree: TreeConfig, context: int | None = None):
     """What pruning a dynamic `tree` with the drafter's pre-verifier gains on this machine
     (PruningGain), from its recorded steps (greedy) and the costs measured at `context`
     (default cost_context(target)); the thresholds are chosen for this machine first (localize)
-    unless the caller set them. None: no pre-verifier with recorded steps, or a static tree."""
+    unless the caller set them. None: no pre-verifier with recorded steps, a static tree, or a
+    text chain (whose nodes the pre-verifier never saw: the engine leaves it off)."""
     pv = getattr(drafter, "pre_verifier", None)
-    if pv is None or pv.replay_file is None or not tree.is_dynamic:
+    if pv is None or pv.replay_file is None or not tree.is_dynamic or tree.text_chain:
         return None
     context = cost_context(target) if context is None else context
     localize(target, drafter, context=context)

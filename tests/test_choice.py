@@ -17,6 +17,7 @@ from specjax.acceptance import AcceptanceProfile, ProfileRecorder, read_profiles
 from specjax.autotune import DraftCosts, VerifyCosts
 from specjax.choice import (
     Choice,
+    _best_trees,
     candidate_trees,
     choose,
     probes_for,
@@ -106,6 +107,28 @@ def test_choice_follows_the_cost_curve():
     # Room for at most 3 cache slots past a row: only trees that fit are weighed.
     small = choose([profile], flat, draft, room=3)
     assert max(small.config.tree.num_nodes, small.config.tree.max_depth + 1) <= 3
+
+
+def test_a_text_chain_is_chosen_where_its_tokens_pay_for_its_nodes():
+    """A profile whose text chain of 4 adds 0.6 tokens a step to every tree: with a flat t(N)
+    (an accelerator) the best tree takes the chain; where each node costs a tenth of a step
+    it does not; text trees form their own family for timing."""
+    base = flat_profile()
+    profile = dataclasses.replace(
+        base,
+        text_chains=(4,),
+        text_table=(tuple(tuple(x + 0.6 for x in row) for row in base.tau_table),),
+    )
+    draft = DraftCosts(key="d", kind="dynamic", topk=(4,), deep_depth=4,
+                       shallow=(0.01,), deep=(0.04,))  # fmt: skip
+    flat = VerifyCosts(key="v", nodes=(1, 32), seconds=(1.0, 1.0))
+    steep = VerifyCosts(key="v", nodes=(1, 32), seconds=(1.0, 4.1))
+    assert choose([profile], flat, draft).config.tree.text_chain == 4
+    assert choose([profile], steep, draft).config.tree.text_chain == 0
+    label = choose([profile], flat, draft).stats()["tree"]
+    assert label.startswith("dynamic(") and label.endswith("+text(4)")
+    timed = _best_trees([profile], steep, draft, count=2)
+    assert {t.text_chain for t in timed} == {0, 4}
 
 
 def test_a_staircase_t_n_is_priced_at_timed_node_counts_only():

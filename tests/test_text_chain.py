@@ -2,6 +2,8 @@
 drafts, greedy equality across trees, batches and the cache's end, the committed text, the
 sampled distribution with the chain on, and the errors."""
 
+import json
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -13,8 +15,10 @@ from test_lossless_e2e import CFG, N_ROWS, check_rows, observed_tokens, sharpene
 from test_ngram_drafter import LIVELY, TEST_PROMPTS, host_text_match
 
 import specjax
+from specjax.acceptance import AcceptanceProfile, ProfileRecorder
+from specjax.choice import candidate_trees
 from specjax.config import SamplingConfig, SpecConfig, TreeConfig
-from specjax.drafters.text_chain import draft_text_chain, init_row_text
+from specjax.drafters.text_chain import draft_text_chain, host_text_chain, init_row_text
 from specjax.speculative import SteppedRun, check_speculative_args
 
 
@@ -155,3 +159,41 @@ def test_the_tree_spelling_takes_a_text_chain(tmp_path):
         tree_for(str(tmp_path), "7,4,4,8,1")
     assert tree_label(tree) == "dynamic(7,4,4)+text(8)"
     assert parse_method(f"{tmp_path}@7,4,4,8").name.endswith("tree 7/d4/top4 + text 8")
+
+
+def test_the_host_chain_is_the_engine_chain():
+    """Calibration replays the chain on the host (host_text_chain): the same tokens as the
+    engine's draft_text_chain."""
+    rng = np.random.default_rng(1)
+    for trial in range(30):
+        t = int(rng.integers(1, 25))
+        ids = rng.integers(0, 4, (1, t))
+        root = int(rng.integers(0, 5))
+        rt = init_row_text(jnp.asarray(ids), jnp.asarray([t]), cache_len=40, max_depth=6,
+                           keep=True)  # fmt: skip
+        tokens, valid = draft_text_chain(rt, jnp.asarray([root], jnp.int32), 6, 3)
+        n = int(np.sum(valid[0]))
+        want = host_text_chain(ids[0].tolist() + [root], 6, 3)
+        assert np.asarray(tokens[0, :n]).tolist() == want, trial
+
+
+def test_profiles_predict_text_chains_as_the_longer_path():
+    """One recorded step of a dynamic(4, 2, 2) probe (the tau table of test_choice's example:
+    depth 1 [1, 1, 2, 2, 2], depth 2 [1, 1, 1, 2, 3] by node count) whose text chain had its
+    first token right: a tree with a chain keeps the longer of its path and the chain's."""
+    rec = ProfileRecorder(TreeConfig.dynamic(4, 2, 2), "greedy", text_chains=(2, 4))
+    rec.add([-1, 0, 0, 1, 2], [0, 1, 1, 2, 2], [True] * 5, [1, 0.6, 0.3, 0.9, 0.5], [0, 2, 4], 2)
+    rec.add_text(0, 1)
+    p = rec.profile()
+    assert p.text_chains == (2, 4)
+    assert p.predict_tau(TreeConfig.dynamic(1, 1, 2).with_text_chain(2)) == 2.0  # chain wins
+    assert p.predict_tau(TreeConfig.dynamic(4, 2, 2).with_text_chain(4)) == 3.0  # tree wins
+    assert not p.covers(TreeConfig.dynamic(4, 2, 2).with_text_chain(8))  # not measured
+    again = AcceptanceProfile.from_json(json.loads(json.dumps(p.to_json())))
+    assert again == p
+    tree = TreeConfig.dynamic(2, 2, 2).with_text_chain(2)
+    for shift in (0.5, 1.3):
+        assert p.scaled_tau(tree, shift) == pytest.approx(p.scaled(shift).predict_tau(tree))
+    chained = [t for t in candidate_trees(p, 8) if t.text_chain]
+    assert TreeConfig.dynamic(4, 2, 2).with_text_chain(2) in chained
+    assert max(t.num_nodes for t in chained) <= 8

@@ -40,7 +40,13 @@ from specjax.attention import attend, cpu_kernel_ok, resolve_impl
 from specjax.cache import KVCache, init_cache
 from specjax.config import SamplingConfig, SpecConfig, TreeConfig
 from specjax.drafters.base import RootContext
-from specjax.drafters.text_chain import RowText, commit_row_text, draft_text_chain, init_row_text
+from specjax.drafters.text_chain import (
+    LONGEST,
+    RowText,
+    commit_row_text,
+    draft_text_chain,
+    init_row_text,
+)
 from specjax.kernels import cpu_panels
 from specjax.models.drafter import DrafterNet, TargetParts, one_layer_weights, shift_right
 from specjax.models.layers import decoder_layer, rope_angles, write_block
@@ -83,11 +89,6 @@ class FeatureDrafterState:
     chain_calls: jax.Array
     pending: jax.Array
     row_text: RowText
-
-
-# The longest context the text chain matches (tokens): on SmolLM2's held-in answers a match of 8
-# or more tokens predicted the next token 94% of the time (NgramDrafter's TEXT_ONLY_LOGQ).
-TEXT_CHAIN_LONGEST = 8
 
 
 def tree_budget(tree: TreeConfig) -> tuple[int, int, int]:
@@ -368,7 +369,7 @@ def with_text_chain(tree: DraftTree, row_text: RowText, root, k: int) -> DraftTr
     top-k children under the one-hot rule); recorded statistics and hidden states are zeros
     there."""
     b, n = tree.tokens.shape
-    tokens, valid = draft_text_chain(row_text, root, k, TEXT_CHAIN_LONGEST)
+    tokens, valid = draft_text_chain(row_text, root, k, LONGEST)
     chain = jnp.arange(k, dtype=jnp.int32)
     parents = jnp.broadcast_to(jnp.where(chain == 0, 0, n + chain - 1), (b, k))
 

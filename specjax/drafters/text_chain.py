@@ -19,6 +19,12 @@ from __future__ import annotations
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
+
+# The longest context a feature drafter's text chain matches (tokens): on SmolLM2's held-in
+# answers a match of 8 or more tokens predicted the next token 94% of the time (NgramDrafter's
+# TEXT_ONLY_LOGQ).
+LONGEST = 8
 
 
 @flax.struct.dataclass
@@ -104,3 +110,25 @@ def draft_text_chain(rt: RowText, root, k: int, longest: int) -> tuple[jax.Array
         valid.append(alive)
         ctx = jnp.concatenate([ctx[:, 1:], token], axis=1)
     return jnp.stack(tokens, axis=1).astype(jnp.int32), jnp.stack(valid, axis=1)
+
+
+def host_text_chain(text, k: int, longest: int) -> list[int]:
+    """draft_text_chain for one row on the host (calibration replays it at recorded steps):
+    text the committed tokens with the root last; the chain's valid tokens, up to k."""
+    seq = np.asarray(text, np.int64)
+    ctx, chain = list(text), []
+    for _ in range(k):
+        token = None
+        for m in range(min(longest, len(ctx)), 0, -1):
+            if len(seq) <= m:
+                continue
+            windows = np.lib.stride_tricks.sliding_window_view(seq[:-1], m)  # seq[w : w + m]
+            hits = np.flatnonzero(np.all(windows == np.asarray(ctx[-m:]), axis=1))
+            if len(hits):  # the latest: the token after it, seq[w + m], is committed text
+                token = int(seq[hits[-1] + m])
+                break
+        if token is None:
+            break
+        chain.append(token)
+        ctx.append(token)
+    return chain
