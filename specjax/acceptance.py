@@ -24,7 +24,8 @@ own text depends only on the text, so at every recorded step of the probe run th
 lookup would have drafted is replayed on the host against the tokens the target went on to
 write: text_table[i][d - 1][n - 1] = mean tokens per step of the dynamic tree (n, d) with a chain
 of text_chains[i] nodes, the step keeping the longer of its tree's path and the chain's accepted
-run. Exact step by step for greedy decoding, like tau_table.
+run (the chain's run ends where the row's output does). Exact step by step for greedy
+decoding, like tau_table.
 
 Both are written as JSON: a feature drafter's next to its checkpoint (acceptance.json, from
 held-in prompts at training time: experiments/calibrate_drafters.py), other pairs in the cost
@@ -136,7 +137,9 @@ class AcceptanceProfile:
         whole profile each time cost ~70 ms a call."""
         if shift == 1.0 or not self.covers(tree):
             return self.scaled(shift).predict_tau(tree)
-        if tree.text_chain:  # the drafter's part moves with the shift; the text's gain stays
+        if tree.text_chain:
+            # An approximation: E[max(tree's run, chain's run)] moved by all that the tree's own
+            # tau moved, which overstates the move where the chain's run was the longer one.
             base = tree.with_text_chain(0)
             moved = self.scaled_tau(base, shift) - self.predict_tau(base)
             return float(min(max(self.predict_tau(tree) + moved, 1.0), tree.max_depth + 1.0))
@@ -172,7 +175,8 @@ class AcceptanceProfile:
                 scaled = scaled + (row - below) * shift**k
                 rows.append(tuple(float(x) for x in np.clip(scaled, 1.0, k + 1.0)))
                 below = row
-            # A text chain's tree moves by what its drafter's tree moved (scaled_tau).
+            # A text chain's tree moves by what its drafter's tree moved (scaled_tau's
+            # approximation).
             moved = np.asarray(rows) - np.asarray(table, np.float64)
             text_table = tuple(
                 tuple(
@@ -257,6 +261,8 @@ class ProfileRecorder:
     def __init__(self, probe: TreeConfig, mode: str, text_chains: Sequence[int] = ()):
         if text_chains and not probe.is_dynamic:
             raise ValueError("text chains are measured with a dynamic probe")
+        if probe.text_chain:
+            raise ValueError("a probe tree has no text chain of its own (chains are replayed)")
         self.probe = probe
         self.mode = mode
         self.text_chains = tuple(sorted(text_chains))

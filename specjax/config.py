@@ -180,7 +180,7 @@ class TreeConfig:
 
     @property
     def level_sizes(self) -> tuple[int, ...]:
-        """Number of nodes at each depth 0..max_depth."""
+        """Number of nodes at each depth 0..drafter_depth (the text chain left out)."""
         sizes = [1]
         for b in self.branching:
             sizes.append(sizes[-1] * b)

@@ -111,7 +111,7 @@ def test_choice_follows_the_cost_curve():
 
 def test_a_text_chain_is_chosen_where_its_tokens_pay_for_its_nodes():
     """A profile whose text chain of 4 adds 0.6 tokens a step to every tree: with a flat t(N)
-    (an accelerator) the best tree takes the chain; where each node costs a tenth of a step
+    (an accelerator) the best tree takes the chain; where each node costs a sixth of a step
     it does not; text trees form their own family for timing."""
     base = flat_profile()
     profile = dataclasses.replace(
@@ -122,7 +122,7 @@ def test_a_text_chain_is_chosen_where_its_tokens_pay_for_its_nodes():
     draft = DraftCosts(key="d", kind="dynamic", topk=(4,), deep_depth=4,
                        shallow=(0.01,), deep=(0.04,))  # fmt: skip
     flat = VerifyCosts(key="v", nodes=(1, 32), seconds=(1.0, 1.0))
-    steep = VerifyCosts(key="v", nodes=(1, 32), seconds=(1.0, 4.1))
+    steep = VerifyCosts(key="v", nodes=(1, 32), seconds=(1.0, 6.0))
     assert choose([profile], flat, draft).config.tree.text_chain == 4
     assert choose([profile], steep, draft).config.tree.text_chain == 0
     label = choose([profile], flat, draft).stats()["tree"]

@@ -197,3 +197,32 @@ def test_profiles_predict_text_chains_as_the_longer_path():
     chained = [t for t in candidate_trees(p, 8) if t.text_chain]
     assert TreeConfig.dynamic(4, 2, 2).with_text_chain(2) in chained
     assert max(t.num_nodes for t in chained) <= 8
+
+
+def test_calibration_replays_the_chain_at_each_step_against_what_the_target_wrote(
+    lively, monkeypatch
+):
+    """calibrate's replay gives host_text_chain the text up to each step's root and compares
+    its tokens with what the target wrote next. With an oracle chain (the target's own next
+    tokens, read off generate's output for the text it is given) every chain node is right, so
+    a chain of 8 adds min(8, tokens left) a step; a text or a comparison off by one token
+    would make the oracle's tokens wrong at almost every step."""
+    import specjax.drafters.text_chain as text_chain
+    from specjax.acceptance import calibrate
+
+    prompt, new = TEST_PROMPTS[1], 40
+    out = specjax.generate(lively, [prompt], max_new_tokens=new)
+    ref = prompt + np.asarray(out.tokens[0]).tolist()
+
+    def oracle(text, k, longest):
+        assert text == ref[: len(text)]  # the committed text and the root, in order
+        return ref[len(text) : len(text) + k]
+
+    monkeypatch.setattr(text_chain, "host_text_chain", oracle)
+    drafter = make_drafter("eagle", lively)
+    probe = TreeConfig.dynamic(7, 3, 3)
+    p = calibrate(lively, drafter, [prompt], probe=probe, max_new_tokens=new)
+    assert p.text_chains == (2, 4, 8)
+    with_chain = p.predict_tau(probe.with_text_chain(8))
+    # Each step emits the chain's 8 tokens and the bonus while 9 or more are left.
+    assert with_chain > 7.0 and with_chain > p.predict_tau(probe) + 4.0, with_chain

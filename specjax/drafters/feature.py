@@ -1,7 +1,8 @@
 """The feature drafters behind the Drafter protocol: HiddenStateDrafter (mdc) and EagleDrafter.
 
 Axis letters: B batch, N tree nodes, P = depth + 1 path slots, S cache length, W frontier slots,
-M model dim, K kv heads, D head dim (in shapes of the chain: Dp = tree depth), U draft vocab.
+M model dim, K kv heads, D head dim (in shapes of the chain: Dp = the drafter's tree depth), U
+draft vocab.
 
 Both read the target's last hidden state (the engine passes it from the prefill and from every
 verification) and draft EAGLE-2 style dynamic trees with static shapes (specjax.tree.expand_topk):
@@ -209,7 +210,7 @@ class FeatureDrafter(nnx.Module):
         cache = init_cache(self.net.config.layer, b, cache_len + extra, dtype=jnp.float32)
         _, cache = self._block(x, positions, cache, causal_mask(b, t), config.attn_impl)
         last = jnp.take_along_axis(target_hidden, (prompt_lens - 1)[:, None, None], axis=1)[:, 0]
-        n_nodes, depth, _ = tree_budget(config.tree)
+        _, depth, _ = tree_budget(config.tree)
         slots = depth if self.kind == "mdc" else 0
         cfg = self.net.config.target
         zeros_b = jnp.zeros((b,), jnp.int32)
