@@ -4,7 +4,6 @@ sampled distribution with the chain on, and the errors."""
 
 import json
 
-import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,7 +11,7 @@ import pytest
 from lively_models import lively_llama
 from test_feature_drafter import make_drafter
 from test_lossless_e2e import CFG, N_ROWS, check_rows, observed_tokens, sharpened
-from test_ngram_drafter import LIVELY, TEST_PROMPTS, host_text_match
+from test_ngram_drafter import LIVELY, TEST_PROMPTS, greedy_equal_across_batches, host_text_match
 
 import specjax
 from specjax.acceptance import AcceptanceProfile, ProfileRecorder
@@ -56,17 +55,6 @@ def lively():
     return lively_llama(LIVELY, seed=1)
 
 
-def greedy_equal(target, drafter, tree, batch, new):
-    rows = TEST_PROMPTS[:batch]
-    ref = specjax.generate(target, rows, max_new_tokens=new)
-    out = specjax.speculative_generate(
-        target, drafter, rows, max_new_tokens=new, config=SpecConfig(tree=tree)
-    )
-    chex.assert_trees_all_equal(out.tokens, ref.tokens)
-    chex.assert_trees_all_equal(out.lengths, ref.lengths)
-    return out
-
-
 @pytest.mark.parametrize("kind", ["eagle", "mdc"])
 @pytest.mark.parametrize(
     "tree",
@@ -77,12 +65,9 @@ def greedy_equal(target, drafter, tree, batch, new):
     ids=["7-3-3+text4", "2-1-2+text6"],
 )
 def test_greedy_equals_generate_across_trees_batches_and_the_cache_end(lively, kind, tree):
-    drafter = make_drafter(kind, lively)
-    end = LIVELY.max_seq_len - 8 - tree.num_nodes - 2
-    for batch, new in ((1, 40), (3, 40), (3, end)):
-        out = greedy_equal(lively, drafter, tree, batch, new)
+    outs = greedy_equal_across_batches(lively, make_drafter(kind, lively), tree)
     # Paths longer than the drafter's own depth went through the text chain.
-    hist = np.asarray(out.stats["accepted_hist"]).sum(0)
+    hist = np.asarray(outs[-1].stats["accepted_hist"]).sum(0)
     assert hist[tree.drafter_depth + 1 :].sum() > 0, hist
 
 
