@@ -395,14 +395,15 @@ def calibrate(
     recorder = ProfileRecorder(probe, mode_of(sampling), TEXT_CHAINS if with_text else ())
     at = []  # (row, tokens emitted before the step) of every recorded step
     while not run.done:
-        emitted = np.asarray(run.state.n_generated)
+        emitted = np.asarray(run.state.n_generated) if with_text else None
         tree, acc, live = jax.device_get(run.step())
         for b in np.flatnonzero(live):
             recorder.add(
                 tree.parents[b], tree.depth[b], tree.valid[b], tree.draft_prob[b],
                 acc.path[b], acc.n_accepted[b],
             )  # fmt: skip
-            at.append((int(b), int(emitted[b])))
+            if with_text:
+                at.append((int(b), int(emitted[b])))
         if progress is not None and recorder.steps % 50 < int(live.sum()):
             progress(f"calibrating acceptance: {recorder.steps} row-steps")
     if with_text:  # the greedy output is the target's: replay the text's chain at every step

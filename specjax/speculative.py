@@ -60,11 +60,10 @@ class SpecState:
     eos_id scalar (-1: none); target_calls [B] verification steps while the row was live;
     accepted_hist [B, P] histogram of n_accepted; nonfinite [B] steps with NaN/inf logits;
     draft_hist [B, N] histogram of the draft nodes verified per step; verified_nodes [B] tree
-    nodes the target ran on (the step's bucket with a pre-verifier, else N);
-    pre_verifier_stops [B] steps in which the pre-verifier cut the draft (all three over live
-    steps); plain [B] speculation has stopped for the rest of the call
-    (SpecConfig.fallback_tau; the same value in every row); plain_steps [B] live steps decoded
-    plainly since then.
+    nodes the target ran on (the step's bucket with a pre-verifier, else N); pre_verifier_stops
+    [B] steps in which the pre-verifier cut the draft (all three over live steps); plain [B]
+    speculation has stopped for the rest of the call (SpecConfig.fallback_tau; the same value
+    in every row); plain_steps [B] live steps decoded plainly since then.
     """
 
     tokens: jax.Array
