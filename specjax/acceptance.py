@@ -25,7 +25,10 @@ lookup would have drafted is replayed on the host against the tokens the target 
 write: text_table[i][d - 1][n - 1] = mean tokens per step of the dynamic tree (n, d) with a chain
 of text_chains[i] nodes, the step keeping the longer of its tree's path and the chain's accepted
 run (the chain's run ends where the row's output does). Exact step by step for greedy
-decoding, like tau_table.
+decoding, like tau_table. The text adds more the longer a row's own text gets, so the same
+tables are also kept by answer length: text_by_length[j] holds, for answers of text_lengths[j]
+tokens, tau_table plus what a chain added at the steps that began before that many tokens were
+written. A call picks the one for its max_new_tokens (at_answer_length).
 
 Both are written as JSON: a feature drafter's next to its checkpoint (acceptance.json, from
 held-in prompts at training time: experiments/calibrate_drafters.py), other pairs in the cost
@@ -48,6 +51,9 @@ FORMAT_VERSION = 1
 PROFILE_FILE = "acceptance.json"
 # Text chain lengths a greedy dynamic profile measures (SpecConfig.auto() weighs each).
 TEXT_CHAINS = (2, 4, 8)
+# Answer lengths (new tokens) a greedy dynamic profile keeps text tables for (those the
+# calibration reaches).
+TEXT_LENGTHS = (64, 128, 256, 512)
 
 
 def mode_of(sampling: SamplingConfig) -> str:
@@ -66,7 +72,9 @@ class AcceptanceProfile:
     rank among siblings by draft probability); tau_table: dynamic only (module docstring);
     prompts: what the calibration prompts were; shift: the acceptance shift applied to the
     measured profile (scaled()), 1.0 as measured; text_chains, text_table: dynamic greedy
-    profiles of drafters that add text chains (module docstring), else empty.
+    profiles of drafters that add text chains (module docstring), else empty; text_lengths,
+    text_by_length: the text tables by answer length (module docstring); text_length: the
+    answer length text_table stands for (at_answer_length), 0 for every recorded step.
     """
 
     kind: str
@@ -81,6 +89,9 @@ class AcceptanceProfile:
     shift: float = 1.0  # see scaled(); 1.0 for a profile as measured
     text_chains: tuple[int, ...] = ()
     text_table: tuple[tuple[tuple[float, ...], ...], ...] = ()
+    text_lengths: tuple[int, ...] = ()
+    text_by_length: tuple[tuple[tuple[tuple[float, ...], ...], ...], ...] = ()
+    text_length: int = 0
 
     @property
     def depth(self) -> int:
@@ -138,11 +149,9 @@ class AcceptanceProfile:
         if shift == 1.0 or not self.covers(tree):
             return self.scaled(shift).predict_tau(tree)
         if tree.text_chain:
-            # An approximation: E[max(tree's run, chain's run)] moved by all that the tree's own
-            # tau moved, which overstates the move where the chain's run was the longer one.
             base = tree.with_text_chain(0)
-            moved = self.scaled_tau(base, shift) - self.predict_tau(base)
-            return float(min(max(self.predict_tau(tree) + moved, 1.0), tree.max_depth + 1.0))
+            gain = self.predict_tau(tree) - self.predict_tau(base)
+            return float(_chained_tau(self.scaled_tau(base, shift), gain, shift, tree.max_depth))
         if self.kind == "dynamic":
             col, below, total = tree.num_nodes - 1, 1.0, 1.0
             for k, row in enumerate(self.tau_table[: tree.max_depth], start=1):
@@ -154,6 +163,17 @@ class AcceptanceProfile:
             reach *= min(sum(min(a * shift, 1.0) for a in self.rank_accept[d][:b]), 1.0)
             expected += reach
         return expected
+
+    def at_answer_length(self, new_tokens: int) -> AcceptanceProfile:
+        """This profile with the text tables of the longest measured answer length up to
+        new_tokens (the shortest measured one below it: the text's gain there is overstated,
+        and a call that short has little own text to copy); itself without such tables."""
+        if not self.text_lengths:
+            return self
+        j = max([i for i, n in enumerate(self.text_lengths) if n <= new_tokens], default=0)
+        return dataclasses.replace(
+            self, text_table=self.text_by_length[j], text_length=self.text_lengths[j]
+        )
 
     def scaled(self, shift: float) -> AcceptanceProfile:
         """This profile for prompts on which every depth's acceptance (given the parent's) is
@@ -175,13 +195,13 @@ class AcceptanceProfile:
                 scaled = scaled + (row - below) * shift**k
                 rows.append(tuple(float(x) for x in np.clip(scaled, 1.0, k + 1.0)))
                 below = row
-            # A text chain's tree moves by what its drafter's tree moved (scaled_tau's
-            # approximation).
-            moved = np.asarray(rows) - np.asarray(table, np.float64)
+            plain, moved = np.asarray(table, np.float64), np.asarray(rows)
             text_table = tuple(
                 tuple(
-                    tuple(float(x) for x in np.clip(row, 1.0, max(d, k) + 1.0))
-                    for d, row in enumerate(np.asarray(t, np.float64) + moved, start=1)
+                    tuple(float(x) for x in _chained_tau(moved_row, row - plain_row, shift, d, k))
+                    for d, (row, plain_row, moved_row) in enumerate(
+                        zip(np.asarray(t, np.float64), plain, moved, strict=True), start=1
+                    )
                 )
                 for k, t in zip(self.text_chains, self.text_table, strict=True)
             )
@@ -203,7 +223,23 @@ class AcceptanceProfile:
         kw["probe"] = tuple(kw["probe"])
         kw["text_chains"] = tuple(kw.get("text_chains", ()))
         kw["text_table"] = tuple(tuple(tuple(row) for row in t) for t in kw.get("text_table", ()))
+        kw["text_lengths"] = tuple(kw.get("text_lengths", ()))
+        kw["text_by_length"] = tuple(
+            tuple(tuple(tuple(row) for row in t) for t in tables)
+            for tables in kw.get("text_by_length", ())
+        )
         return cls(**kw)
+
+
+def _chained_tau(base_tau, gain, shift: float, depth: int, chain: int = 0):
+    """tau of a tree with a text chain under an acceptance shift: its drafter tree's scaled tau
+    (base_tau) plus what the chain added over that tree at calibration (gain), scaled by the
+    same factor, within [1, max(depth, chain) + 1] (depth: the tree's own, or its whole depth
+    with chain 0). Why the gain moves too: a call's stats do not say which branch its tokens came
+    from, so one factor explains them; were the chain's part fixed, prompts with nothing to copy
+    could only be explained by a collapsing drafter part while the chain kept its calibrated
+    gain (a bench saw the shift fall to 0.1 with a chained tree still predicted at tau 3)."""
+    return np.clip(base_tau + gain * shift, 1.0, max(depth, chain) + 1.0)
 
 
 def write_profiles(path: str | Path, profiles: Sequence[AcceptanceProfile]) -> None:
@@ -256,9 +292,16 @@ def _sibling_ranks(parents: np.ndarray, order_key: np.ndarray, valid: np.ndarray
 class ProfileRecorder:
     """Accumulates the steps of a calibration run with the probe tree into a profile.
     text_chains: chain lengths to measure (dynamic probes): every step's table row is kept
-    until add_text gives what a chain from the row's text accepted there."""
+    until add_text gives what a chain from the row's text accepted there; text_lengths: answer
+    lengths to keep the text tables for (add_text's `emitted` places each step)."""
 
-    def __init__(self, probe: TreeConfig, mode: str, text_chains: Sequence[int] = ()):
+    def __init__(
+        self,
+        probe: TreeConfig,
+        mode: str,
+        text_chains: Sequence[int] = (),
+        text_lengths: Sequence[int] = (),
+    ):
         if text_chains and not probe.is_dynamic:
             raise ValueError("text chains are measured with a dynamic probe")
         if probe.text_chain:
@@ -268,6 +311,10 @@ class ProfileRecorder:
         self.text_chains = tuple(sorted(text_chains))
         self.step_rows: list[np.ndarray] = []  # [depth, N] per step, kept for text chains
         self.text_sum = np.zeros((len(self.text_chains), probe.max_depth, probe.num_nodes))
+        self.text_lengths = tuple(sorted(text_lengths)) if self.text_chains else ()
+        # What the chains added [length, chain, depth, N] at the steps before each length.
+        self.gain_sum = np.zeros((len(self.text_lengths), *self.text_sum.shape))
+        self.gain_steps = np.zeros(len(self.text_lengths), np.int64)
         self.depth = probe.max_depth
         width = probe.topk
         self.accept = np.zeros((self.depth, width), np.int64)
@@ -300,13 +347,19 @@ class ProfileRecorder:
         if self.probe.is_dynamic:
             self._add_dynamic(np.asarray(path)[1 : n_acc + 1], depth, valid, score)
 
-    def add_text(self, step: int, chain_accepted: int) -> None:
+    def add_text(self, step: int, chain_accepted: int, emitted: int = 0) -> None:
         """What a text chain accepted at recorded step `step` (index among add()'s calls): the
         chain prompt lookup drafts there, with up to max(text_chains) nodes, had its first
-        chain_accepted tokens right. Each length's tree keeps the longer of the two paths."""
+        chain_accepted tokens right. Each length's tree keeps the longer of the two paths.
+        emitted: the row's tokens written before the step (it counts toward the text tables of
+        every answer length above it)."""
         rows = self.step_rows[step]
-        for i, k in enumerate(self.text_chains):
-            self.text_sum[i] += np.maximum(rows, 1 + min(chain_accepted, k))
+        longer = np.stack([np.maximum(rows, 1 + min(chain_accepted, k)) for k in self.text_chains])
+        self.text_sum += longer
+        for j, n in enumerate(self.text_lengths):
+            if emitted < n:
+                self.gain_sum[j] += longer - rows
+                self.gain_steps[j] += 1
 
     def _add_dynamic(self, path, depth, valid, score) -> None:
         n = self.tau_sum.shape[1]
@@ -344,6 +397,15 @@ class ProfileRecorder:
             tuple(tuple(round(float(x), 5) for x in r / max(self.steps, 1)) for r in t)
             for t in self.text_sum
         )
+        lengths = tuple(n for n, c in zip(self.text_lengths, self.gain_steps, strict=True) if c)
+        by_length = tuple(
+            tuple(
+                tuple(tuple(round(float(x), 5) for x in r) for r in np.asarray(table) + g / c)
+                for g in self.gain_sum[j]
+            )
+            for j, c in enumerate(self.gain_steps)
+            if c
+        )
         return AcceptanceProfile(
             kind=kind,
             mode=self.mode,
@@ -356,6 +418,8 @@ class ProfileRecorder:
             prompts=prompts,
             text_chains=self.text_chains,
             text_table=text_table,
+            text_lengths=lengths,
+            text_by_length=by_length,
         )
 
 
@@ -392,7 +456,12 @@ def calibrate(
         eos_id=eos_id,
     )
     with_text = sampling.greedy and probe.is_dynamic and getattr(drafter, "text_chains", False)
-    recorder = ProfileRecorder(probe, mode_of(sampling), TEXT_CHAINS if with_text else ())
+    recorder = ProfileRecorder(
+        probe,
+        mode_of(sampling),
+        TEXT_CHAINS if with_text else (),
+        sorted({n for n in TEXT_LENGTHS if n < max_new_tokens} | {max_new_tokens}),
+    )
     at = []  # (row, tokens emitted before the step) of every recorded step
     while not run.done:
         emitted = np.asarray(run.state.n_generated) if with_text else None
@@ -419,5 +488,5 @@ def calibrate(
                 if token != truth:
                     break
                 right += 1
-            recorder.add_text(step, right)
+            recorder.add_text(step, right, g)
     return recorder.profile(description)

@@ -216,5 +216,6 @@ def _choose_config(target, drafter, prompts, auto, sampling, max_new_tokens, eos
     choice = resolve_auto(
         target, drafter, rows, auto=auto, sampling=sampling, eos_id=eos_id, room=room,
         call_context=call_context(target, ids.shape[1], max_new_tokens, auto.attn_impl),
+        new_tokens=max_new_tokens,
     )  # fmt: skip
     return choice, ids.shape[1]

@@ -29,6 +29,11 @@ from specjax.paths import shared_dir
 
 CALIBRATION_SEED = 9173
 CHAT_CALIBRATION_TURNS = 16
+# Greedy dynamic probes of drafters that add text chains run this long: a chain copies from the
+# row's own text, which short answers hardly have (64-token answers put the eagle's best chained
+# tree below its best plain one; at 256 tokens on MT-bench the chain added 0.7 tokens a step).
+TEXT_CALIBRATION_TOKENS = 256
+TEXT_SUMMARY_NODES = 8  # the card's text-chain lines compare trees up to this size
 MODES = {"greedy": SamplingConfig(), "sampled": SamplingConfig(temperature=1.0)}
 
 
@@ -92,14 +97,19 @@ def calibrate_drafter(
     eos_id: int | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> list[AcceptanceProfile]:
-    """Every probe of the drafter (specjax.choice.probes_for) in every mode."""
+    """Every probe of the drafter (specjax.choice.probes_for) in every mode: max_new_tokens a
+    prompt, TEXT_CALIBRATION_TOKENS for the greedy dynamic probes of a drafter with text
+    chains."""
     from specjax.choice import probes_for
 
     profiles = []
     for mode in modes:
         for probe in probes_for(drafter):
+            chains = getattr(drafter, "text_chains", False)
+            with_text = mode == "greedy" and probe.is_dynamic and chains
+            tokens = max(max_new_tokens, TEXT_CALIBRATION_TOKENS) if with_text else max_new_tokens
             if progress is not None:
-                progress(f"calibrating {mode}, probe {probe}")
+                progress(f"calibrating {mode}, probe {probe}, {tokens} new tokens a prompt")
             profiles.append(
                 calibrate(
                     target,
@@ -107,7 +117,7 @@ def calibrate_drafter(
                     prompts,
                     probe=probe,
                     sampling=MODES[mode],
-                    max_new_tokens=max_new_tokens,
+                    max_new_tokens=tokens,
                     eos_id=eos_id,
                     description=description,
                 )  # fmt: skip
@@ -131,16 +141,7 @@ def card_section(profiles) -> str:
         f"({profiles[0].prompts}); SpecConfig.auto() predicts tau for every tree from it. "
         "Depth d: P(a child at depth d is accepted | its parent was). Rank r: P(the rank-r "
         "child is accepted | its parent was), over depths.",
-        *(
-            [
-                "",
-                "Greedy dynamic profiles also hold trees with a text chain of "
-                f"{', '.join(map(str, texts[0]))} nodes (text_table): the replayed chain's tokens "
-                "against the target's, every step.",
-            ]
-            if (texts := [p.text_chains for p in profiles if p.text_chains])
-            else []
-        ),
+        *_text_lines([p for p in profiles if p.text_chains]),
         "",
         "| mode | probe | row-steps | tau of the probe | by depth 1..8 | by sibling rank 0..3 |",
         "|---|---|---|---|---|---|",
@@ -159,6 +160,38 @@ def card_section(profiles) -> str:
             f"| {' '.join(ranks)} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _text_lines(profiles) -> list[str]:
+    """The CARD.md lines on the text chains of greedy dynamic profiles: what they hold, and the
+    best tree of at most TEXT_SUMMARY_NODES nodes without and with a chain, by answer length."""
+    if not profiles:
+        return []
+    from specjax.choice import candidate_trees, tree_label
+
+    lines = [
+        "",
+        "Greedy dynamic profiles (answers of up to "
+        f"{max(n for p in profiles for n in p.text_lengths)} tokens) also hold trees with a text "
+        f"chain of {', '.join(map(str, profiles[0].text_chains))} nodes (text_table): the "
+        "replayed chain's tokens against the target's, every step, also kept by answer length. "
+        f"Best predicted tau with at most {TEXT_SUMMARY_NODES} nodes:",
+        "",
+        "| probe | answer tokens | best tree | tau | best tree with a text chain | tau |",
+        "|---|---|---|---|---|---|",
+    ]
+    for p in profiles:
+        for n in p.text_lengths:
+            at = p.at_answer_length(n)
+            trees = list(candidate_trees(at, TEXT_SUMMARY_NODES))
+            plain = max((t for t in trees if not t.text_chain), key=at.predict_tau)
+            chained = max((t for t in trees if t.text_chain), key=at.predict_tau)
+            lines.append(
+                f"| {','.join(map(str, p.probe))} | {n} | {tree_label(plain)} | "
+                f"{at.predict_tau(plain):.2f} | {tree_label(chained)} | "
+                f"{at.predict_tau(chained):.2f} |"
+            )
+    return lines
 
 
 def update_card(

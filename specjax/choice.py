@@ -201,12 +201,20 @@ class Choice:
         )
 
 
+# The longest text chain the default weighs. Chains of 8 are measured but not chosen: on the
+# held-in turns SmolLM2 writes itself their tables promised tau 3.4-3.5 for trees of one or two
+# drafter nodes plus 8 chain nodes, and on MT-bench and EAGLE's qa such choices reached 2.1-3.1
+# (experiments/results/bench_smollm2_text_default_xeon.md and _qa_xeon.md, NOTES.md "Fifty-second
+# session"), behind a fixed dynamic(4,3,4) + 4 on both sets.
+MAX_TEXT_CHAIN = 4
+
+
 def candidate_trees(profile: AcceptanceProfile, max_nodes: int) -> Iterator[TreeConfig]:
     """Every tree within the profile's probe with at most max_nodes nodes (root included), and
-    each dynamic one with every text chain the profile measured."""
+    each dynamic one with every text chain the profile measured up to MAX_TEXT_CHAIN nodes."""
     if profile.kind == "dynamic":
         budget, depth, topk = profile.probe
-        for k in (0, *profile.text_chains):
+        for k in (0, *(k for k in profile.text_chains if k <= MAX_TEXT_CHAIN)):
             for d in range(1, depth + 1):
                 for n in range(1, min(budget, max_nodes - 1 - k) + 1):
                     yield TreeConfig.dynamic(n, d, topk).with_text_chain(k)
@@ -520,23 +528,27 @@ def resolve_auto(
     eos_id: int | None = None,
     room: int | None = None,
     call_context: float | None = None,
+    new_tokens: int | None = None,
 ) -> Choice:
     """Choose the config for a call (speculative_generate with SpecConfig.auto()). room: the
     cache slots past the prompt and the new tokens (trees that need more are skipped);
-    call_context: the call's context (see call_context())."""
+    call_context: the call's context (see call_context()); new_tokens: the call's
+    max_new_tokens (text chains are weighed at that answer length)."""
     batch = len(prompts)
     mode = mode_of(sampling)
     context = cost_context(target, auto, call_context)
     shift = acceptance_shift(target, drafter, mode, auto)
     # Keyed by the shift itself, not by how it was asked for (adapt=True or the same number
     # given back): a repeated choice skips the fingerprints (~1 s for SmolLM2) and file reads.
-    memo_key = (id(target), id(drafter), batch, mode, room, context,
+    memo_key = (id(target), id(drafter), batch, mode, room, context, new_tokens,
                 dataclasses.replace(auto, adapt=False), shift)  # fmt: skip
     if memo_key in _CHOSEN:
         return _CHOSEN[memo_key][0]
     progress = _say if auto.verbose else None
     calibrated = find_profiles(target, drafter, prompts, sampling=sampling, eos_id=eos_id,
                                max_nodes=auto.max_nodes, progress=progress)  # fmt: skip
+    if new_tokens is not None:
+        calibrated = [p.at_answer_length(new_tokens) for p in calibrated]
     profiles = [p.scaled(shift) for p in calibrated]
     # Costs at the call's context (cost_context), leaving the model room for the largest tree.
     max_nodes = max(2, min(auto.max_nodes, auto.max_batch_nodes // batch))

@@ -179,9 +179,43 @@ def test_profiles_predict_text_chains_as_the_longer_path():
     tree = TreeConfig.dynamic(2, 2, 2).with_text_chain(2)
     for shift in (0.5, 1.3):
         assert p.scaled_tau(tree, shift) == pytest.approx(p.scaled(shift).predict_tau(tree))
+    # The chain's gain over its drafter tree moves with the shift like the tree's own tau.
+    base = tree.with_text_chain(0)
+    gain = p.predict_tau(tree) - p.predict_tau(base)
+    assert gain > 0
+    assert p.scaled_tau(tree, 0.5) - p.scaled_tau(base, 0.5) == pytest.approx(0.5 * gain)
     chained = [t for t in candidate_trees(p, 8) if t.text_chain]
     assert TreeConfig.dynamic(4, 2, 2).with_text_chain(2) in chained
     assert max(t.num_nodes for t in chained) <= 8
+
+
+def test_text_tables_by_answer_length_count_the_steps_before_each_length():
+    """Two recorded steps of the same tree, the first early in its answer (emitted 10) with the
+    chain's first token right, the second late (emitted 100) with two right: the 64-token table
+    holds the first step's gain only, the 128-token table both; a call picks the longest measured
+    length up to its max_new_tokens (the shortest below all of them)."""
+    rec = ProfileRecorder(TreeConfig.dynamic(4, 2, 2), "greedy", text_chains=(2,),
+                          text_lengths=(64, 128))  # fmt: skip
+    step = ([-1, 0, 0, 1, 2], [0, 1, 1, 2, 2], [True] * 5, [1, 0.6, 0.3, 0.9, 0.5], [0, 0, 0], 0)
+    rec.add(*step)
+    rec.add(*step)
+    rec.add_text(0, 1, emitted=10)
+    rec.add_text(1, 2, emitted=100)
+    p = rec.profile()
+    assert p.text_lengths == (64, 128)
+    tree = TreeConfig.dynamic(4, 2, 2).with_text_chain(2)
+    # The tree accepts nothing on its own (tau 1); the chain 2 then 3 tokens a step.
+    assert p.predict_tau(tree) == 2.5  # every step
+    assert p.at_answer_length(64).predict_tau(tree) == 2.0  # the first step only
+    assert p.at_answer_length(100).predict_tau(tree) == 2.0
+    assert p.at_answer_length(128).predict_tau(tree) == 2.5
+    assert p.at_answer_length(16).text_length == 64
+    assert p.at_answer_length(4096).text_length == 128
+    assert p.at_answer_length(64).predict_tau(TreeConfig.dynamic(4, 2, 2)) == 1.0
+    again = AcceptanceProfile.from_json(json.loads(json.dumps(p.to_json())))
+    assert again == p
+    plain = ProfileRecorder(TreeConfig.dynamic(4, 2, 2), "greedy").profile()
+    assert plain.at_answer_length(64) is plain
 
 
 def test_calibration_replays_the_chain_at_each_step_against_what_the_target_wrote(
@@ -208,6 +242,7 @@ def test_calibration_replays_the_chain_at_each_step_against_what_the_target_wrot
     probe = TreeConfig.dynamic(7, 3, 3)
     p = calibrate(lively, drafter, [prompt], probe=probe, max_new_tokens=new)
     assert p.text_chains == (2, 4, 8)
+    assert p.text_lengths == (new,)  # the run's own answer length only (below the first)
     with_chain = p.predict_tau(probe.with_text_chain(8))
     # Each step emits the chain's 8 tokens and the bonus while 9 or more are left.
     assert with_chain > 7.0 and with_chain > p.predict_tau(probe) + 4.0, with_chain
