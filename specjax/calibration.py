@@ -103,9 +103,9 @@ def calibrate_drafter(
     from specjax.choice import probes_for
 
     profiles = []
+    chains = getattr(drafter, "text_chains", False)
     for mode in modes:
         for probe in probes_for(drafter):
-            chains = getattr(drafter, "text_chains", False)
             with_text = mode == "greedy" and probe.is_dynamic and chains
             tokens = max(max_new_tokens, TEXT_CALIBRATION_TOKENS) if with_text else max_new_tokens
             if progress is not None:
