@@ -111,9 +111,14 @@ class AcceptanceProfile:
 
     def covers(self, tree: TreeConfig) -> bool:
         """Whether the profile predicts this tree (it lies within the probe, and a text chain's
-        length was measured)."""
+        length was measured; the tables replay chains drafted from any match, so a chain with a
+        minimum match is not covered)."""
         if tree.text_chain:
-            return tree.text_chain in self.text_chains and self.covers(tree.with_text_chain(0))
+            return (
+                not tree.text_min_match
+                and tree.text_chain in self.text_chains
+                and self.covers(tree.with_text_chain(0))
+            )
         if self.kind == "dynamic":
             return (
                 tree.is_dynamic

@@ -82,11 +82,14 @@ _ANNOUNCED: set[tuple] = set()
 
 
 def tree_label(tree: TreeConfig) -> str:
-    """dynamic(N,DEPTH,TOPK) or branching(...), +text(K) with a text chain."""
+    """dynamic(N,DEPTH,TOPK) or branching(...), +text(K) with a text chain (+text(K,mM)
+    drafted from matches of M+ tokens and verified where drafted)."""
     if tree.is_dynamic:
         label = f"dynamic({tree.budget},{tree.drafter_depth},{tree.topk})"
     else:
         label = "branching(" + ",".join(str(b) for b in tree.branching) + ")"
+    if tree.text_min_match:
+        return label + f"+text({tree.text_chain},m{tree.text_min_match})"
     return label + (f"+text({tree.text_chain})" if tree.text_chain else "")
 
 

@@ -109,6 +109,10 @@ class TreeConfig:
     that many nodes drafted from the row's own text (prompt lookup: the token after the latest
     longest earlier occurrence of the path's last tokens), numbered after the drafter's nodes.
     The drafter's own tree keeps its budget and depth (drafter_nodes, drafter_depth).
+    text_min_match: 0 verifies every chain node, drafted or not (the step's node count is
+    static), and the chain drafts from any match; m >= 1 drafts only while the match is at least
+    m tokens long and verifies the drafted nodes alone, on the smallest of a few static node
+    counts that holds the batch's (specjax.pre_verify.text_chain_buckets).
     """
 
     branching: tuple[int, ...] = (1, 1, 1, 1)
@@ -116,6 +120,7 @@ class TreeConfig:
     # chooses every step (EAGLE-2 style: depth len(branching), top-max(branching) expansion).
     budget: int = 0
     text_chain: int = 0
+    text_min_match: int = 0
 
     def __post_init__(self):
         if not self.branching or any(int(b) < 1 for b in self.branching):
@@ -131,6 +136,10 @@ class TreeConfig:
                 "a text chain hangs off a dynamic tree (TreeConfig.dynamic(...), feature "
                 f"drafters): got static branching {self.branching}"
             )
+        if self.text_min_match < 0:
+            raise ValueError(f"tree text_min_match must be >= 0, got {self.text_min_match}")
+        if self.text_min_match and not self.text_chain:
+            raise ValueError("tree text_min_match needs a text chain (text_chain > 0)")
 
     @classmethod
     def chain(cls, k: int) -> TreeConfig:
@@ -155,9 +164,10 @@ class TreeConfig:
     def topk(self) -> int:
         return max(self.branching)
 
-    def with_text_chain(self, k: int) -> TreeConfig:
-        """The same tree with a text chain of k nodes (0: none)."""
-        return dataclasses.replace(self, text_chain=k)
+    def with_text_chain(self, k: int, min_match: int = 0) -> TreeConfig:
+        """The same tree with a text chain of k nodes (0: none), drafted and verified as
+        text_min_match = min_match says."""
+        return dataclasses.replace(self, text_chain=k, text_min_match=min_match if k else 0)
 
     @property
     def is_chain(self) -> bool:

@@ -49,6 +49,7 @@ from flax import nnx
 
 from specjax import token_choice
 from specjax import verify as rules
+from specjax.branching import cond_in_place
 from specjax.cache import KVCache
 from specjax.config import SamplingConfig
 from specjax.decode import (
@@ -368,8 +369,9 @@ class HiSpecLoop:
             | (s.n_generated + s.buffered >= self.max_new_tokens)
             | holds_eos
         )
-        return jax.lax.cond(
-            jnp.any(flushing), lambda st: self._flushed(st, flushing, keys[:, 2]), lambda st: st, s
+        # In place: a lax.cond here copied the whole state (the target's cache) every round.
+        return cond_in_place(
+            jnp.any(flushing), lambda st: self._flushed(st, flushing, keys[:, 2]), s
         )
 
     def _flushed(self, s: HiSpecState, flushing, key) -> HiSpecState:

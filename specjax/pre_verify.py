@@ -14,10 +14,10 @@ from q), so the engine pre-verifies only trees whose children are deterministic 
 decoding, and feature drafters at any temperature; see SpeculativeLoop.pre_verifies).
 
 Static shapes: the kept nodes are moved to the front of the tree (in topological order), the
-batch's largest kept count picks a bucket, and `lax.switch` runs the verifier on the first n
-nodes of that bucket; its outputs are padded back to N nodes. The acceptance comes back in the
-compacted indices (what the verifier's commit needs) and is mapped back to the drafter's own
-node indices for the drafter's commit.
+batch's largest kept count picks a bucket, and `branching.switch_in_place` runs the verifier on
+the first n nodes of that bucket; its outputs are padded back to N nodes. The acceptance comes
+back in the compacted indices (what the verifier's commit needs) and is mapped back to the
+drafter's own node indices for the drafter's commit.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specjax.branching import switch_in_place
 from specjax.tree import Acceptance, DraftTree, ancestor_mask
 
 
@@ -39,6 +40,23 @@ def default_buckets(num_nodes: int) -> tuple[int, ...]:
         sizes.add(n)
         n *= 2
     return tuple(sorted(sizes))
+
+
+def text_chain_buckets(drafter_nodes: int, text_chain: int) -> tuple[int, ...]:
+    """Node counts a tree with a text chain is verified on: the drafter's own nodes, those and
+    half the chain (chains of 4 or more), and the whole tree. Each is a branch of the compiled
+    step; on a CPU t(N) rises ~3% of a step per node past 8 (bench.md's t(N))."""
+    sizes = {drafter_nodes, drafter_nodes + text_chain}
+    if text_chain >= 4:
+        sizes.add(drafter_nodes + text_chain // 2)
+    return tuple(sorted(sizes))
+
+
+def valid_mask(tree: DraftTree, live: jax.Array) -> jax.Array:
+    """[B, N] the nodes to verify when nothing is pruned: the valid ones and the root; rows no
+    longer live keep only the root."""
+    root = jnp.arange(tree.num_nodes)[None, :] == 0
+    return jnp.where(live[:, None], tree.valid | root, root)
 
 
 def path_logp(node_logp: jax.Array, parents: jax.Array, max_depth: int) -> jax.Array:
@@ -142,21 +160,25 @@ def pad_nodes(x: jax.Array, num_nodes: int) -> jax.Array:
 
 def verify_in_buckets(verifier, state, target, tree: DraftTree, keys, buckets, **kwargs):
     """verifier.verify on the first `bucket` nodes of the compacted tree, the bucket chosen
-    from the batch's kept counts; the Verification's hidden states are padded back to N."""
+    from the batch's kept counts; the Verification's hidden states are padded back to N.
+    The verifier state (the target's cache) is updated in place (branching.switch_in_place:
+    a lax.switch copied the whole cache on every step)."""
     n_full = tree.num_nodes
     index = bucket_index(jnp.sum(tree.valid, axis=1), buckets)
 
     def branch(n):
-        def run(operands):
-            state, tree, keys = operands
+        def run(state, tree, keys):
             sub = first_nodes(tree, n)
             v = verifier.verify(state, target, sub, ancestor_mask(sub.parents), keys, **kwargs)
-            return v.replace(hidden={i: pad_nodes(h, n_full) for i, h in v.hidden.items()})
+            v = v.replace(hidden={i: pad_nodes(h, n_full) for i, h in v.hidden.items()})
+            return v.state, v.replace(state=None)
 
         return run
 
-    verification = jax.lax.switch(index, [branch(n) for n in buckets], (state, tree, keys))
-    return verification, jnp.asarray(buckets, jnp.int32)[index]
+    new_state, verification = switch_in_place(
+        index, [branch(n) for n in buckets], state, tree, keys
+    )
+    return verification.replace(state=new_state), jnp.asarray(buckets, jnp.int32)[index]
 
 
 def to_drafter_indices(acceptance: Acceptance, order: jax.Array) -> Acceptance:

@@ -60,10 +60,11 @@ class SpecState:
     eos_id scalar (-1: none); target_calls [B] verification steps while the row was live;
     accepted_hist [B, P] histogram of n_accepted; nonfinite [B] steps with NaN/inf logits;
     draft_hist [B, N] histogram of the draft nodes verified per step; verified_nodes [B] tree
-    nodes the target ran on (the step's bucket with a pre-verifier, else N); pre_verifier_stops
-    [B] steps in which the pre-verifier cut the draft (all three over live steps); plain [B]
-    speculation has stopped for the rest of the call (SpecConfig.fallback_tau; the same value
-    in every row); plain_steps [B] live steps decoded plainly since then.
+    nodes the target ran on (the step's bucket with a pre-verifier or a text chain, else N);
+    pre_verifier_stops [B] steps in which the pre-verifier cut the draft (all three over live
+    steps); plain [B] speculation has stopped for the rest of the call
+    (SpecConfig.fallback_tau; the same value in every row); plain_steps [B] live steps decoded
+    plainly since then.
     """
 
     tokens: jax.Array
@@ -139,9 +140,18 @@ class SpeculativeLoop:
 
     @property
     def buckets(self) -> tuple[int, ...]:
-        n = self.config.tree.num_nodes
+        tree = self.config.tree
+        n = tree.num_nodes
+        if self.pre_verifier is None:  # a text chain verified where drafted
+            return pre_verify.text_chain_buckets(tree.drafter_nodes, tree.text_chain)
         chosen = self.pre_verifier.shape.buckets or pre_verify.default_buckets(n)
         return tuple(sorted({b for b in chosen if b < n} | {n}))
+
+    @property
+    def verifies_valid_nodes_only(self) -> bool:
+        """Whether verification runs on the drafted nodes alone (on the smallest bucket that
+        holds them): with a pre-verifier, or a text chain with TreeConfig.text_min_match."""
+        return self.pre_verifier is not None or self.config.tree.text_min_match > 0
 
     @property
     def path_slots(self) -> int:
@@ -290,14 +300,17 @@ class SpeculativeLoop:
             feature_layers=self.drafter.feature_layers,
         )
         pv = self.pre_verifier
-        if pv is None:
+        if not self.verifies_valid_nodes_only:
             v = self.verifier.verify(
                 s.verifier_state, self.target, tree, self.tree_mask(tree), verify_keys, **kwargs
             )
             n_verified = jnp.int32(cfg.tree.num_nodes)
             drafter_acc, drafter_hidden, cut = v.acceptance, v.hidden, jnp.zeros_like(live)
         else:
-            keep = pre_verify.keep_mask(tree, pv, live, cfg.tree.max_depth, self.buckets)
+            if pv is None:
+                keep = pre_verify.valid_mask(tree, live)
+            else:
+                keep = pre_verify.keep_mask(tree, pv, live, cfg.tree.max_depth, self.buckets)
             cut = jnp.sum(keep, axis=1) < jnp.sum(tree.valid, axis=1)
             tree, order = pre_verify.compact(tree, keep)
             v, n_verified = pre_verify.verify_in_buckets(

@@ -61,14 +61,21 @@ def lively():
     [
         TreeConfig.dynamic(7, 3, 3).with_text_chain(4),
         TreeConfig.dynamic(2, 1, 2).with_text_chain(6),
+        TreeConfig.dynamic(7, 3, 3).with_text_chain(4, min_match=2),
+        TreeConfig.dynamic(2, 1, 2).with_text_chain(6, min_match=1),
     ],
-    ids=["7-3-3+text4", "2-1-2+text6"],
+    ids=["7-3-3+text4", "2-1-2+text6", "7-3-3+text4-m2", "2-1-2+text6-m1"],
 )
 def test_greedy_equals_generate_across_trees_batches_and_the_cache_end(lively, kind, tree):
     outs = greedy_equal_across_batches(lively, make_drafter(kind, lively), tree)
     # Paths longer than the drafter's own depth went through the text chain.
     hist = np.asarray(outs[-1].stats["accepted_hist"]).sum(0)
     assert hist[tree.drafter_depth + 1 :].sum() > 0, hist
+    verified = np.asarray(outs[-1].stats["verified_nodes"])
+    if tree.text_min_match:  # verified where drafted: some steps ran on fewer nodes
+        assert np.all(verified < tree.num_nodes) and np.all(verified >= tree.drafter_nodes)
+    else:
+        assert np.all(verified == tree.num_nodes)
 
 
 def test_the_committed_text_is_the_prompt_and_the_output(lively):
@@ -87,17 +94,21 @@ def test_the_committed_text_is_the_prompt_and_the_output(lively):
         assert np.asarray(rt.text[b, :filled]).tolist() == want, b
 
 
+@pytest.mark.parametrize("min_match", [0, 1])
 @pytest.mark.parametrize("kind", ["eagle", "mdc"])
-def test_sampled_text_chain_keeps_the_target_distribution(kind, optimized_loop):
+def test_sampled_text_chain_keeps_the_target_distribution(kind, min_match, optimized_loop):
     """The one-hot tree rule over the drafter's top-1 and the text's chain of 2: the joint
     distribution of the first tokens over N_ROWS sampled rows is the target's exact one. The
     prompt repeats itself, so the text's chain is accepted often (~12% of steps: measured with
-    this target and drafter), and a path of two drafts can only have gone through it."""
+    this target and drafter), and a path of two drafts can only have gone through it. With
+    min_match the tree is compacted to its drafted nodes before verification (in a batch this
+    large some row always drafts the whole chain, so the whole bucket runs; the greedy case
+    covers the smaller buckets)."""
     target = sharpened(CFG, 4, 2.0)
     prompt = [1, 5, 2, 6, 3, 1, 5, 2, 6, 3]
     drafter = make_drafter(kind, target, seed=2, scale=2.0)
     sampling = SamplingConfig(temperature=1.0)
-    tree = TreeConfig.dynamic(1, 1, 1).with_text_chain(2)
+    tree = TreeConfig.dynamic(1, 1, 1).with_text_chain(2, min_match=min_match)
     out = specjax.speculative_generate(
         target, drafter, [prompt] * N_ROWS, max_new_tokens=observed_tokens(tree),
         config=SpecConfig(tree=tree), sampling=sampling,
@@ -140,10 +151,17 @@ def test_the_tree_spelling_takes_a_text_chain(tmp_path):
     tree = tree_for(str(tmp_path), "7,4,4,8")
     assert tree == TreeConfig.dynamic(7, 4, 4).with_text_chain(8)
     assert tree_for(str(tmp_path), "7,4,4").text_chain == 0
+    matched = tree_for(str(tmp_path), "7,4,4,8,3")
+    assert matched == TreeConfig.dynamic(7, 4, 4).with_text_chain(8, min_match=3)
     with pytest.raises(ValueError, match="N,DEPTH,TOPK,TEXT"):
-        tree_for(str(tmp_path), "7,4,4,8,1")
+        tree_for(str(tmp_path), "7,4,4,8,3,1")
     assert tree_label(tree) == "dynamic(7,4,4)+text(8)"
+    assert tree_label(matched) == "dynamic(7,4,4)+text(8,m3)"
     assert parse_method(f"{tmp_path}@7,4,4,8").name.endswith("tree 7/d4/top4 + text 8")
+    assert parse_method(f"{tmp_path}@7,4,4,8,3").name.endswith("+ text 8 (match 3+)")
+    with pytest.raises(ValueError, match="needs a text chain"):
+        TreeConfig(branching=(4, 1), budget=7, text_min_match=2)
+    assert TreeConfig.dynamic(7, 4, 4).with_text_chain(0, min_match=3).text_min_match == 0
 
 
 def test_the_host_chain_is_the_engine_chain():

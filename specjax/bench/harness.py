@@ -279,8 +279,10 @@ def _rows(target, prompts, sampling, methods, runners, timings, log) -> list[Row
                     p["speedup"] = x
         if out.intermediate_tau:
             row.intermediate_tau = float(np.mean(out.intermediate_tau))
-        if out.pre_verifier_stops and out.draft_len:
-            # A pre-verifier decided per step: the budget, then the mean actually verified.
+        drafted_only = not m.auto and m.kind == SPEC and m.config.tree.text_min_match > 0
+        if (out.pre_verifier_stops or drafted_only) and out.draft_len:
+            # A pre-verifier or the text's matches decided per step: the budget, then the mean
+            # number drafted (what verification ran on, up to its bucket).
             row.draft_nodes = f"{row.draft_nodes} -> {np.mean(out.draft_len):.1f}"
         rows.append(row)
         log(

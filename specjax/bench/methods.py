@@ -141,6 +141,7 @@ class Method:
         elif tree.is_dynamic:
             shape = f"tree {tree.budget}/d{tree.drafter_depth}/top{tree.topk}"
             shape += f" + text {tree.text_chain}" if tree.text_chain else ""
+            shape += f" (match {tree.text_min_match}+)" if tree.text_min_match else ""
         else:
             shape = "tree (" + ",".join(map(str, tree.branching)) + ")"
         return f"{who} {shape}{rule}{via}"
@@ -171,7 +172,8 @@ def parse_method(spec: str) -> Method:
     DRAFTER is self:K, a draft checkpoint (same vocabulary as the target) or a trained drafter
     directory (checkpoints/...); the tree is `specjax generate --tree`'s N,DEPTH,TOPK (default: a
     chain of 4; for trained drafters a dynamic budget, default 31,6,8, and N,DEPTH,TOPK,TEXT adds
-    a text chain of TEXT nodes); RULE one of SpecConfig's.
+    a text chain of TEXT nodes, N,DEPTH,TOPK,TEXT,MATCH one drafted from matches of MATCH+ tokens
+    and verified where drafted); RULE one of SpecConfig's.
     """
     spec = spec.strip()
     if spec == AR:

@@ -92,6 +92,14 @@ class FeatureDrafterState:
     row_text: RowText
 
 
+# The shortest match worth drafting from where only the drafted chain nodes are verified
+# (TreeConfig.text_min_match): shorter matches predict the next token 21% (1 token) and 53% (2)
+# of the time on SmolLM2's held-in answers. Offline on SmolLM2's MT-bench answers, eagle
+# (7, 4, 4) with a chain of 8 paid only for its drafted nodes: 1.18x the eagle alone drafting at
+# every match, 1.28x from 3 tokens (NOTES.md, "Fifty-first session").
+TEXT_CHAIN_MIN_MATCH = 3
+
+
 def tree_budget(tree: TreeConfig) -> tuple[int, int, int]:
     """(num_nodes, depth, top-k) of the dynamic tree a feature drafter builds for `tree` (its
     text chain left out)."""
@@ -283,7 +291,10 @@ class FeatureDrafter(nnx.Module):
         )
         counts = jnp.stack([jnp.sum(drafted, 1), jnp.sum(from_reuse, 1), calls], axis=1)
         if config.tree.text_chain:
-            tree = with_text_chain(tree, state.row_text, ctx.root, config.tree.text_chain)
+            tree = with_text_chain(
+                tree, state.row_text, ctx.root, config.tree.text_chain,
+                max(config.tree.text_min_match, 1),
+            )  # fmt: skip
         state = state.replace(tree_tokens=tree.tokens, pending=counts.astype(jnp.int32))
         return tree, state
 
@@ -360,17 +371,14 @@ class FeatureDrafter(nnx.Module):
         return state
 
 
-def with_text_chain(tree: DraftTree, row_text: RowText, root, k: int) -> DraftTree:
+def with_text_chain(tree: DraftTree, row_text: RowText, root, k: int, min_match: int) -> DraftTree:
     """tree [B, N] with the text's chain of k nodes appended as one more branch of the root
-    (nodes N .. N + k - 1, each the child of the one before; valid while the text matches).
-    Every node is verified, valid or not (static shapes): verifying only the valid ones on a
-    few static node counts (lax.switch, as the pre-verifier does) cost 5-7 ms of a 38 ms
-    SmolLM2 step on a 2-core CPU in the conditional alone, more than it saved (NOTES.md,
-    "Fifty-first session"). Its tokens are deterministic (draft_prob 1, as for the drafter's
-    top-k children under the one-hot rule); recorded statistics and hidden states are zeros
-    there."""
+    (nodes N .. N + k - 1, each the child of the one before; valid while the text's match is
+    at least min_match tokens long). Its tokens are deterministic (draft_prob 1, as for the
+    drafter's top-k children under the one-hot rule); recorded statistics and hidden states
+    are zeros there."""
     b, n = tree.tokens.shape
-    tokens, valid = draft_text_chain(row_text, root, k, LONGEST)
+    tokens, valid = draft_text_chain(row_text, root, k, LONGEST, min_match)
     chain = jnp.arange(k, dtype=jnp.int32)
     parents = jnp.broadcast_to(jnp.where(chain == 0, 0, n + chain - 1), (b, k))
 

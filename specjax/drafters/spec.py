@@ -141,17 +141,20 @@ def make_drafter(spec: str, target_loaded):
 def tree_for(drafter_spec: str | None, tree_spec: str | None):
     """The TreeConfig for a drafter: feature drafters read --tree N,DEPTH,TOPK as a dynamic
     budget (default 31 nodes, depth 6, top-8), N,DEPTH,TOPK,TEXT with a text chain of TEXT
-    nodes (TreeConfig.text_chain); draft models build the static tree of parse_tree."""
+    nodes (TreeConfig.text_chain), N,DEPTH,TOPK,TEXT,MATCH with the chain drafted from matches
+    of MATCH+ tokens and verified where drafted (TreeConfig.text_min_match); draft models build
+    the static tree of parse_tree."""
     if drafter_spec and is_feature_drafter(drafter_spec):
         if tree_spec is None:
             return TreeConfig.dynamic(31, 6, 8)
         try:
             nodes, depth, topk, *text = (int(x) for x in tree_spec.split(","))
-            if len(text) > 1:
+            if len(text) > 2:
                 raise ValueError
         except ValueError:
             raise ValueError(
-                f"--tree expects N,DEPTH,TOPK or N,DEPTH,TOPK,TEXT (ints), got {tree_spec!r}"
+                "--tree expects N,DEPTH,TOPK, N,DEPTH,TOPK,TEXT or N,DEPTH,TOPK,TEXT,MATCH (ints), "
+                f"got {tree_spec!r}"
             ) from None
-        return TreeConfig.dynamic(nodes, depth, topk).with_text_chain(text[0] if text else 0)
+        return TreeConfig.dynamic(nodes, depth, topk).with_text_chain(*(text or [0]))
     return parse_tree(tree_spec)

@@ -4,10 +4,10 @@ lookup and as one more branch of a feature drafter's tree (TreeConfig.text_chain
 Axis letters: B batch, L the text buffer's width, S context tokens, K chain nodes, P path slots.
 
 A chat model's answer repeats its prompt and itself (names, code, lists, its own loops); a
-network drafter that reads hidden states knows much of that, but not all of it. SmolLM2 drafted
-by its eagle (dynamic tree of 7 nodes) on 8 MT-bench first turns: 2.41 tokens per target call,
-3.06 with a text chain of 4 and 3.65 with one of 8 (NOTES.md, "Fifty-first session"): the two
-succeed on different tokens.
+network drafter that reads hidden states knows much of that, but not all of it. On SmolLM2's
+greedy answers to 40 MT-bench first turns, the eagle's tree of 7 nodes accepted 1.21 tokens a
+step, and taking the longer of that and a text chain of 8 (searched again at every node) 2.20
+(NOTES.md, "Fifty-first session"): the two succeed on different tokens.
 
 The text is kept per row in a buffer: text[:filled] the committed tokens, the root (the pending
 token) goes at `filled`, and the accepted path is written at `filled` by the commit, which moves
@@ -92,11 +92,13 @@ def match_text(text, known, contexts, longest: int) -> tuple[jax.Array, jax.Arra
     return token, order
 
 
-def draft_text_chain(rt: RowText, root, k: int, longest: int) -> tuple[jax.Array, jax.Array]:
+def draft_text_chain(
+    rt: RowText, root, k: int, longest: int, min_match: int = 1
+) -> tuple[jax.Array, jax.Array]:
     """(tokens [B, K], valid [B, K]): the chain prompt lookup drafts after root [B]. Node i's
     token follows the latest longest match (up to `longest` tokens) of its context (the text,
     the root and the chain's nodes before it) in the committed text and the root; a node whose
-    context's last token never occurred there, and every node after it, is not valid."""
+    longest match is shorter than min_match tokens, and every node after it, is not valid."""
     seq = with_root(rt, root)
     b = root.shape[0]
     # The last `longest` tokens up to the root, oldest first (-1 before the text's start).
@@ -105,7 +107,7 @@ def draft_text_chain(rt: RowText, root, k: int, longest: int) -> tuple[jax.Array
     tokens, valid, alive = [], [], jnp.ones((b,), bool)
     for _ in range(k):
         token, order = match_text(seq, rt.filled + 1, ctx[:, None, :], longest)
-        alive = alive & (order[:, 0] > 0)
+        alive = alive & (order[:, 0] >= max(min_match, 1))
         tokens.append(token[:, 0])
         valid.append(alive)
         ctx = jnp.concatenate([ctx[:, 1:], token], axis=1)
