@@ -28,7 +28,13 @@ run (the chain's run ends where the row's output does). Exact step by step for g
 decoding, like tau_table. The text adds more the longer a row's own text gets, so the same
 tables are also kept by answer length: text_by_length[j] holds, for answers of text_lengths[j]
 tokens, tau_table plus what a chain added at the steps that began before that many tokens were
-written. A call picks the one for its max_new_tokens (at_answer_length).
+written. A call picks the one for its max_new_tokens (at_answer_length). Chains drafted only from
+matches of TEXT_MIN_MATCH+ tokens and verified where drafted (TreeConfig.text_min_match) accept
+the chain's prefix drafted from such matches: matched_table, the same replay (over every
+recorded step, not by answer length). What such a tree costs depends on how many chain nodes a
+step drafts: text_drafted / matched_drafted are the shares of steps whose chain (any match /
+TEXT_MIN_MATCH+) drafted 0, 1, ... max(text_chains) nodes, from which verify_buckets gives the
+share of steps verified on each of the tree's static node counts.
 
 Both are written as JSON: a feature drafter's next to its checkpoint (acceptance.json, from
 held-in prompts at training time: experiments/calibrate_drafters.py), other pairs in the cost
@@ -50,10 +56,15 @@ from specjax.config import SamplingConfig, SpecConfig, TreeConfig
 FORMAT_VERSION = 1
 PROFILE_FILE = "acceptance.json"
 # Text chain lengths a greedy dynamic profile measures (SpecConfig.auto() weighs each).
-TEXT_CHAINS = (2, 4, 8)
+TEXT_CHAINS = (2, 4, 8, 12)
 # Answer lengths (new tokens) a greedy dynamic profile keeps text tables for (those the
 # calibration reaches).
 TEXT_LENGTHS = (64, 128, 256, 512)
+# The shortest match a chain verified where drafted is drafted from, when the default weighs such
+# chains: shorter matches predict the next token 21% (1 token) and 53% (2) of the time on
+# SmolLM2's held-in answers, and every drafted node is verified. Measured on MT-bench, eagle
+# dynamic(7,4,4) + 8 (NOTES.md, "Fifty-third session"): 2.04x from 3+ tokens, 2.02x from 2+.
+TEXT_MIN_MATCH = 3
 
 
 def mode_of(sampling: SamplingConfig) -> str:
@@ -74,7 +85,9 @@ class AcceptanceProfile:
     measured profile (scaled()), 1.0 as measured; text_chains, text_table: dynamic greedy
     profiles of drafters that add text chains (module docstring), else empty; text_lengths,
     text_by_length: the text tables by answer length (module docstring); text_length: the
-    answer length text_table stands for (at_answer_length), 0 for every recorded step.
+    answer length text_table stands for (at_answer_length), 0 for every recorded step;
+    matched_table, text_drafted, matched_drafted: chains from TEXT_MIN_MATCH+ token matches and
+    the drafted counts (module docstring), empty in profiles written before them.
     """
 
     kind: str
@@ -92,6 +105,9 @@ class AcceptanceProfile:
     text_lengths: tuple[int, ...] = ()
     text_by_length: tuple[tuple[tuple[tuple[float, ...], ...], ...], ...] = ()
     text_length: int = 0
+    matched_table: tuple[tuple[tuple[float, ...], ...], ...] = ()
+    text_drafted: tuple[float, ...] = ()
+    matched_drafted: tuple[float, ...] = ()
 
     @property
     def depth(self) -> int:
@@ -111,11 +127,16 @@ class AcceptanceProfile:
 
     def covers(self, tree: TreeConfig) -> bool:
         """Whether the profile predicts this tree (it lies within the probe, and a text chain's
-        length was measured; the tables replay chains drafted from any match, so a chain with a
-        minimum match is not covered)."""
+        length was measured). The text tables replay chains drafted from any match: a chain
+        verified where drafted from any match (text_min_match 1) accepts the same tokens, a
+        longer minimum match is not covered."""
         if tree.text_chain:
+            if tree.text_min_match <= 1:
+                table = self.text_table
+            else:
+                table = self.matched_table if tree.text_min_match == TEXT_MIN_MATCH else ()
             return (
-                not tree.text_min_match
+                bool(table)
                 and tree.text_chain in self.text_chains
                 and self.covers(tree.with_text_chain(0))
             )
@@ -137,7 +158,8 @@ class AcceptanceProfile:
         if not self.covers(tree):
             raise ValueError(f"tree {tree} lies outside this profile's probe {self.probe}")
         if tree.text_chain:
-            table = self.text_table[self.text_chains.index(tree.text_chain)]
+            tables = self.matched_table if tree.text_min_match > 1 else self.text_table
+            table = tables[self.text_chains.index(tree.text_chain)]
             return table[tree.drafter_depth - 1][tree.drafter_nodes - 1]
         if self.kind == "dynamic":
             return self.tau_table[tree.max_depth - 1][tree.num_nodes - 1]
@@ -180,6 +202,26 @@ class AcceptanceProfile:
             self, text_table=self.text_by_length[j], text_length=self.text_lengths[j]
         )
 
+    def verify_buckets(self, tree: TreeConfig, batch: int = 1) -> list[tuple[int, float]]:
+        """[(node count, share of steps)] a tree verified where drafted (text_min_match >= 1)
+        runs on (TreeConfig.text_buckets): a step runs the smallest count that holds the batch's
+        most drafted chain, each of `batch` rows drafting independently as calibration measured.
+        Other trees: [(num_nodes, 1.0)]."""
+        drafted = self.matched_drafted if tree.text_min_match > 1 else self.text_drafted
+        if not tree.text_min_match or not sum(drafted) > 0:
+            return [(tree.num_nodes, 1.0)]
+        share = np.asarray(drafted, np.float64)
+        # A chain of k drafts min(j, k) of the j nodes the longest replayed chain drafted.
+        per_row = np.bincount(np.minimum(np.arange(len(share)), tree.text_chain), share,
+                              tree.text_chain + 1)  # fmt: skip
+        below = np.cumsum(per_row) ** max(batch, 1)  # P(batch's most drafted <= j)
+        out, before = [], 0.0
+        for n in tree.text_buckets:
+            j = min(n - tree.drafter_nodes, tree.text_chain)
+            out.append((n, float(below[j] - before)))
+            before = float(below[j])
+        return out
+
     def scaled(self, shift: float) -> AcceptanceProfile:
         """This profile for prompts on which every depth's acceptance (given the parent's) is
         `shift` times what calibration measured, so P(at least k draft tokens accepted) scales by
@@ -201,19 +243,27 @@ class AcceptanceProfile:
                 rows.append(tuple(float(x) for x in np.clip(scaled, 1.0, k + 1.0)))
                 below = row
             plain, moved = np.asarray(table, np.float64), np.asarray(rows)
-            text_table = tuple(
-                tuple(
-                    tuple(float(x) for x in _chained_tau(moved_row, row - plain_row, shift, d, k))
-                    for d, (row, plain_row, moved_row) in enumerate(
-                        zip(np.asarray(t, np.float64), plain, moved, strict=True), start=1
+
+            def chained(tables):
+                return tuple(
+                    tuple(
+                        tuple(
+                            float(x) for x in _chained_tau(moved_row, row - plain_row, shift, d, k)
+                        )
+                        for d, (row, plain_row, moved_row) in enumerate(
+                            zip(np.asarray(t, np.float64), plain, moved, strict=True), start=1
+                        )
                     )
+                    for k, t in zip(self.text_chains, tables, strict=True)
                 )
-                for k, t in zip(self.text_chains, self.text_table, strict=True)
-            )
+
+            text_table, matched_table = chained(self.text_table), chained(self.matched_table)
             table = tuple(rows)
+        else:
+            matched_table = self.matched_table
         return dataclasses.replace(
             self, rank_accept=ranks, tau_table=table, text_table=text_table,
-            shift=self.shift * shift,
+            matched_table=matched_table, shift=self.shift * shift,
         )  # fmt: skip
 
     def to_json(self) -> dict:
@@ -229,6 +279,11 @@ class AcceptanceProfile:
         kw["text_chains"] = tuple(kw.get("text_chains", ()))
         kw["text_table"] = tuple(tuple(tuple(row) for row in t) for t in kw.get("text_table", ()))
         kw["text_lengths"] = tuple(kw.get("text_lengths", ()))
+        kw["matched_table"] = tuple(
+            tuple(tuple(row) for row in t) for t in kw.get("matched_table", ())
+        )
+        kw["text_drafted"] = tuple(kw.get("text_drafted", ()))
+        kw["matched_drafted"] = tuple(kw.get("matched_drafted", ()))
         kw["text_by_length"] = tuple(
             tuple(tuple(tuple(row) for row in t) for t in tables)
             for tables in kw.get("text_by_length", ())
@@ -320,6 +375,11 @@ class ProfileRecorder:
         # What the chains added [length, chain, depth, N] at the steps before each length.
         self.gain_sum = np.zeros((len(self.text_lengths), *self.text_sum.shape))
         self.gain_steps = np.zeros(len(self.text_lengths), np.int64)
+        # Chains from TEXT_MIN_MATCH+ token matches, and how many nodes each chain drafted
+        # (any match / TEXT_MIN_MATCH+), j = 0 .. max(text_chains).
+        self.matched_sum = np.zeros_like(self.text_sum)
+        longest = max(self.text_chains, default=0)
+        self.drafted_count = np.zeros((2, longest + 1), np.int64)
         self.depth = probe.max_depth
         width = probe.topk
         self.accept = np.zeros((self.depth, width), np.int64)
@@ -352,15 +412,31 @@ class ProfileRecorder:
         if self.probe.is_dynamic:
             self._add_dynamic(np.asarray(path)[1 : n_acc + 1], depth, valid, score)
 
-    def add_text(self, step: int, chain_accepted: int, emitted: int = 0) -> None:
+    def add_text(
+        self,
+        step: int,
+        chain_accepted: int,
+        emitted: int = 0,
+        drafted: int | None = None,
+        matched: int | None = None,
+    ) -> None:
         """What a text chain accepted at recorded step `step` (index among add()'s calls): the
         chain prompt lookup drafts there, with up to max(text_chains) nodes, had its first
         chain_accepted tokens right. Each length's tree keeps the longer of the two paths.
         emitted: the row's tokens written before the step (it counts toward the text tables of
-        every answer length above it)."""
+        every answer length above it). drafted: how many nodes that chain drafted; matched: how
+        many of them from matches of TEXT_MIN_MATCH+ tokens (None: not measured, taken as
+        drafted = chain_accepted's chain drafting every node and matched = 0)."""
         rows = self.step_rows[step]
         longer = np.stack([np.maximum(rows, 1 + min(chain_accepted, k)) for k in self.text_chains])
         self.text_sum += longer
+        longest = self.drafted_count.shape[1] - 1
+        drafted = longest if drafted is None else min(drafted, longest)
+        matched = 0 if matched is None else min(matched, drafted)
+        self.drafted_count[0, drafted] += 1
+        self.drafted_count[1, matched] += 1
+        run = min(chain_accepted, matched)
+        self.matched_sum += np.stack([np.maximum(rows, 1 + min(run, k)) for k in self.text_chains])
         for j, n in enumerate(self.text_lengths):
             if emitted < n:
                 self.gain_sum[j] += longer - rows
@@ -398,9 +474,17 @@ class ProfileRecorder:
             kind = "dynamic"
         else:
             probe_tuple, table, kind = tuple(probe.branching), (), "static"
-        text_table = tuple(
-            tuple(tuple(round(float(x), 5) for x in r / max(self.steps, 1)) for r in t)
-            for t in self.text_sum
+        text_table, matched_table = (
+            tuple(
+                tuple(tuple(round(float(x), 5) for x in r / max(self.steps, 1)) for r in t)
+                for t in sums
+            )
+            for sums in (self.text_sum, self.matched_sum)
+        )
+        replayed = max(int(self.drafted_count[0].sum()), 1)
+        text_drafted, matched_drafted = (
+            tuple(round(float(c) / replayed, 6) for c in counts) if self.text_chains else ()
+            for counts in self.drafted_count
         )
         lengths = tuple(n for n, c in zip(self.text_lengths, self.gain_steps, strict=True) if c)
         by_length = tuple(
@@ -425,6 +509,9 @@ class ProfileRecorder:
             text_table=text_table,
             text_lengths=lengths,
             text_by_length=by_length,
+            matched_table=matched_table,
+            text_drafted=text_drafted,
+            matched_drafted=matched_drafted,
         )
 
 
@@ -487,11 +574,12 @@ def calibrate(
             # At this step the root (the last emitted token) was pending after the prompt and
             # the g - 1 tokens before it; the target then wrote out[b, g:].
             text = list(prompts[b]) + out[b, :g].tolist()
-            chain = host_text_chain(text, max(TEXT_CHAINS), LONGEST)
+            chain, matches = host_text_chain(text, max(TEXT_CHAINS), LONGEST, with_matches=True)
             right = 0
             for token, truth in zip(chain, out[b, g : n_out[b]], strict=False):
                 if token != truth:
                     break
                 right += 1
-            recorder.add_text(step, right, g)
+            matched = next((i for i, m in enumerate(matches) if m < TEXT_MIN_MATCH), len(matches))
+            recorder.add_text(step, right, g, drafted=len(chain), matched=matched)
     return recorder.profile(description)

@@ -23,7 +23,13 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-from specjax.acceptance import PROFILE_FILE, AcceptanceProfile, calibrate, write_profiles
+from specjax.acceptance import (
+    PROFILE_FILE,
+    TEXT_MIN_MATCH,
+    AcceptanceProfile,
+    calibrate,
+    write_profiles,
+)
 from specjax.config import SamplingConfig
 from specjax.paths import shared_dir
 
@@ -190,6 +196,14 @@ def _text_lines(profiles) -> list[str]:
                 f"| {','.join(map(str, p.probe))} | {n} | {tree_label(plain)} | "
                 f"{at.predict_tau(plain):.2f} | {tree_label(chained)} | "
                 f"{at.predict_tau(chained):.2f} |"
+            )
+    for p in profiles:
+        if p.matched_drafted and p.text_drafted:
+            lines.append(
+                f"\nProbe {','.join(map(str, p.probe))}: the chain drafts nothing on "
+                f"{p.text_drafted[0]:.0%} of steps from any match and on "
+                f"{p.matched_drafted[0]:.0%} from matches of {TEXT_MIN_MATCH}+ tokens "
+                "(matched_table: such chains, verified where drafted)."
             )
     return lines
 

@@ -24,6 +24,7 @@ import numpy as np
 from specjax import adaptation
 from specjax.acceptance import (
     PROFILE_FILE,
+    TEXT_MIN_MATCH,
     AcceptanceProfile,
     calibrate,
     mode_of,
@@ -214,13 +215,18 @@ MAX_TEXT_CHAIN = 4
 
 def candidate_trees(profile: AcceptanceProfile, max_nodes: int) -> Iterator[TreeConfig]:
     """Every tree within the profile's probe with at most max_nodes nodes (root included), and
-    each dynamic one with every text chain the profile measured up to MAX_TEXT_CHAIN nodes."""
+    each dynamic one with every text chain the profile measured up to MAX_TEXT_CHAIN nodes; where
+    the profile measured chains from TEXT_MIN_MATCH+ token matches, each with every such chain
+    (of any measured length: verified where drafted, a long chain costs only where it drafts)."""
     if profile.kind == "dynamic":
         budget, depth, topk = profile.probe
-        for k in (0, *(k for k in profile.text_chains if k <= MAX_TEXT_CHAIN)):
+        chains = [(0, 0), *((k, 0) for k in profile.text_chains if k <= MAX_TEXT_CHAIN)]
+        if profile.matched_table and profile.matched_drafted:
+            chains += [(k, TEXT_MIN_MATCH) for k in profile.text_chains]
+        for k, m in chains:
             for d in range(1, depth + 1):
                 for n in range(1, min(budget, max_nodes - 1 - k) + 1):
-                    yield TreeConfig.dynamic(n, d, topk).with_text_chain(k)
+                    yield TreeConfig.dynamic(n, d, topk).with_text_chain(k, m)
         return
     for d in range(1, len(profile.probe) + 1):
         for branching in itertools.product(*(range(1, b + 1) for b in profile.probe[:d])):
@@ -273,6 +279,25 @@ def worth_timing(
     return sorted(worth, key=lambda n: -worth[n])
 
 
+def timed_twin(tree: TreeConfig) -> TreeConfig:
+    """The tree whose timed step stands for `tree`'s: a chain verified where drafted
+    (text_min_match) is timed as the same tree verifying its whole chain (candidate steps run on
+    synthetic text, where the chain would draft as that text happens to match), and priced
+    from it by verify_saving."""
+    return tree.with_text_chain(tree.text_chain) if tree.text_min_match else tree
+
+
+def verify_saving(profile: AcceptanceProfile, tree: TreeConfig, verify: VerifyCosts,
+                  batch: int) -> float:  # fmt: skip
+    """Seconds per step a tree verified where drafted saves over verifying all its nodes: t(N)
+    minus t at the node counts its steps run on, weighted by their calibrated shares
+    (AcceptanceProfile.verify_buckets); 0 for other trees."""
+    if not tree.text_min_match:
+        return 0.0
+    expected = sum(share * verify.t_verify(n) for n, share in profile.verify_buckets(tree, batch))
+    return max(verify.t_verify(tree.num_nodes) - expected, 0.0)
+
+
 def rank(
     profiles: Sequence[AcceptanceProfile],
     verify: VerifyCosts,
@@ -282,11 +307,13 @@ def rank(
     room: int | None = None,
     rule: str = "auto",
     timed_nodes_only: bool = False,
+    batch: int = 1,
 ) -> list[tuple[float, TreeConfig, float, float]]:
     """Every candidate tree as (predicted tokens per second, tree, predicted tau, predicted
     seconds per step), best first (module docstring). room: the cache slots a step may use
     past a row's length (None: no limit). timed_nodes_only: only trees whose node count t(N)
-    was timed at (verify.nodes) are candidates, none priced by interpolation."""
+    was timed at (verify.nodes) are candidates, none priced by interpolation. batch: rows per
+    call (a chain verified where drafted runs on the batch's most drafted row's bucket)."""
     ranked = []
     timed_nodes = set(verify.nodes)
     for profile in profiles:
@@ -302,6 +329,7 @@ def rank(
             tau = profile.predict_tau(tree)
             overhead = draft.overhead or 0.0  # None: not measured (resolve_auto)
             seconds = verify.t_verify(tree.num_nodes) + draft.t_draft(tree) + overhead
+            seconds -= verify_saving(profile, tree, verify, batch)
             ranked.append((tau / seconds, tree, tau, seconds))
     if not ranked:
         raise ValueError("no candidate tree: the acceptance profiles cover no tree that fits")
@@ -323,6 +351,7 @@ def choose(
     min_speedup: float = 1.0,
     measured: tuple[float, dict] | None = None,
     timed_nodes_only: bool = False,
+    batch: int = 1,
 ) -> Choice:
     """The candidate of highest predicted tokens per second (see rank). measured: (seconds per
     autoregressive token, {tree: measured seconds per step}) from autotune.CandidateSteps: those
@@ -331,13 +360,21 @@ def choose(
     and allow_autoregressive, the choice is plain decoding (config None); likewise when the
     best is predicted below min_speedup."""
     ranked = rank(profiles, verify, draft, max_nodes=max_nodes, room=room, rule=rule,
-                  timed_nodes_only=timed_nodes_only)  # fmt: skip
+                  timed_nodes_only=timed_nodes_only, batch=batch)  # fmt: skip
     t_ar = verify.t_autoregressive
     if measured is not None:
         t_ar, steps = measured
+
+        def measured_seconds(tree, model_seconds):
+            # A chain verified where drafted: its twin's timed step less what rank's model
+            # saves on verification (the model's full price minus its price for the tree).
+            full = verify.t_verify(tree.num_nodes) + draft.t_draft(tree) + (draft.overhead or 0.0)
+            return steps[timed_twin(tree)] - max(full - model_seconds, 0.0)
+
         ranked = sorted(
-            ((tau / steps[tree], tree, tau, steps[tree]) for _, tree, tau, _ in ranked
-             if tree in steps),
+            ((tau / s, tree, tau, s) for tree, tau, s in
+             ((tree, tau, measured_seconds(tree, sec)) for _, tree, tau, sec in ranked
+              if timed_twin(tree) in steps)),
             key=lambda r: -r[0],
         )  # fmt: skip
     rate, tree, tau, seconds = ranked[0]
@@ -470,10 +507,10 @@ def call_context(target, prompt_width: int, max_new_tokens: int, attn_impl: str 
 
 
 def _family(tree: TreeConfig):
-    """What sets a candidate apart for timing: a dynamic tree's top-k and whether it has a text
-    chain, a static tree's depth."""
+    """What sets a candidate apart for timing: a dynamic tree's top-k, whether it has a text
+    chain and whether that is verified where drafted; a static tree's depth."""
     if tree.is_dynamic:
-        return ("topk", tree.topk, tree.text_chain > 0)
+        return ("topk", tree.topk, tree.text_chain > 0, tree.text_min_match > 0)
     return ("depth", tree.max_depth)
 
 
@@ -485,13 +522,15 @@ def _best_trees(profiles, verify, draft, *, count, timed=(), **kwargs) -> list[T
     cheaper family unweighed (SmolLM2's eagle: three top-8 trees timed, never the top-4 trees a
     fixed choice of which ran faster; NOTES.md, "Seventeenth session")."""
     ranked = list(dict.fromkeys(tree for _, tree, _, _ in rank(profiles, verify, draft, **kwargs)))
-    top = [tree for tree in dict.fromkeys(timed) if tree in ranked]
+    # A tree is covered when the step that stands for it (timed_twin) was timed.
+    timed = set(timed)
+    top = [tree for tree in ranked if timed_twin(tree) in timed]
     families = {_family(tree) for tree in top}
     for tree in ranked:
         if len(top) < count and _family(tree) not in families:
             top.append(tree)
             families.add(_family(tree))
-    top += [tree for tree in ranked if tree not in top][: count - len(top)]
+    top += [tree for tree in ranked if tree not in top][: max(count - len(top), 0)]
     return sorted(top, key=ranked.index)
 
 
@@ -503,13 +542,13 @@ def _time_best(steps, profiles, verify, draft, *, count, **kwargs) -> DraftCosts
     Returns `draft` with the overhead it was ranked with."""
     if draft.overhead is None:
         first = _best_trees(profiles, verify, draft, count=1, **kwargs)[0]
-        seconds = steps.add(first)
+        seconds = steps.add(timed_twin(first))
         excess = seconds - draft.t_draft(first) - verify.t_verify(first.num_nodes)
         draft = dataclasses.replace(draft, overhead=max(excess, 0.0))
     chosen = _best_trees(profiles, verify, draft, count=count, timed=tuple(steps.trees), **kwargs)
     for tree in chosen:
-        if tree not in steps.trees:
-            steps.add(tree)
+        if timed_twin(tree) not in steps.trees:
+            steps.add(timed_twin(tree))
     return draft
 
 
@@ -587,7 +626,7 @@ def resolve_auto(
     # measured cost, usually above the line (a staircase), then rules out its neighbours.
     for _ in fine:
         wanted = worth_timing(profiles, verify, draft, fine, max_nodes=max_nodes, room=room,
-                              rule=auto.rule)  # fmt: skip
+                              rule=auto.rule, batch=batch)  # fmt: skip
         if not wanted:
             break
         verify = verify_costs(target, batch=batch, context=context,
@@ -600,11 +639,12 @@ def resolve_auto(
             nonlocal draft
             draft = _time_best(steps, profiles, verify, draft, max_nodes=max_nodes, room=room,
                                rule=auto.rule, count=auto.timed_candidates,
-                               timed_nodes_only=True)  # fmt: skip
+                               timed_nodes_only=True, batch=batch)  # fmt: skip
 
         taus = {}
         for _, tree, tau, _ in rank(profiles, verify, draft, max_nodes=max_nodes, room=room,
-                                    rule=auto.rule, timed_nodes_only=True):  # fmt: skip
+                                    rule=auto.rule, timed_nodes_only=True,
+                                    batch=batch):  # fmt: skip
             taus.setdefault(tree, tau)
 
         def confirm(t_ar, seconds):  # the trees the choice hinges on: the best predicted few
@@ -617,7 +657,7 @@ def resolve_auto(
         profiles, verify, draft, max_nodes=max_nodes, room=room, rule=auto.rule,
         attn_impl=auto.attn_impl, allow_autoregressive=auto.allow_autoregressive,
         min_speedup=auto.min_speedup,
-        measured=measured, timed_nodes_only=True,
+        measured=measured, timed_nodes_only=True, batch=batch,
     )  # fmt: skip
     choice = dataclasses.replace(
         choice, acceptance_shift=shift, profiles=tuple(calibrated), context=context

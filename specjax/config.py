@@ -112,7 +112,7 @@ class TreeConfig:
     text_min_match: 0 verifies every chain node, drafted or not (the step's node count is
     static), and the chain drafts from any match; m >= 1 drafts only while the match is at least
     m tokens long and verifies the drafted nodes alone, on the smallest of a few static node
-    counts that holds the batch's (specjax.pre_verify.text_chain_buckets).
+    counts that holds the batch's (TreeConfig.text_buckets).
     """
 
     branching: tuple[int, ...] = (1, 1, 1, 1)
@@ -187,6 +187,17 @@ class TreeConfig:
     def drafter_nodes(self) -> int:
         """N of the drafter's own tree, the root included (the text chain left out)."""
         return self.budget + 1 if self.is_dynamic else sum(self.level_sizes)
+
+    @property
+    def text_buckets(self) -> tuple[int, ...]:
+        """Node counts a tree with text_min_match is verified on: the drafter's own nodes,
+        those and half the chain (chains of 4 or more), and the whole tree; a step runs the
+        smallest that holds every row's drafted nodes. Each is a branch of the compiled step; on
+        a CPU t(N) rises ~3% of a step per node past 8 (bench.md's t(N))."""
+        sizes = {self.drafter_nodes, self.num_nodes}
+        if self.text_chain >= 4:
+            sizes.add(self.drafter_nodes + self.text_chain // 2)
+        return tuple(sorted(sizes))
 
     @property
     def level_sizes(self) -> tuple[int, ...]:

@@ -42,16 +42,6 @@ def default_buckets(num_nodes: int) -> tuple[int, ...]:
     return tuple(sorted(sizes))
 
 
-def text_chain_buckets(drafter_nodes: int, text_chain: int) -> tuple[int, ...]:
-    """Node counts a tree with a text chain is verified on: the drafter's own nodes, those and
-    half the chain (chains of 4 or more), and the whole tree. Each is a branch of the compiled
-    step; on a CPU t(N) rises ~3% of a step per node past 8 (bench.md's t(N))."""
-    sizes = {drafter_nodes, drafter_nodes + text_chain}
-    if text_chain >= 4:
-        sizes.add(drafter_nodes + text_chain // 2)
-    return tuple(sorted(sizes))
-
-
 def valid_mask(tree: DraftTree, live: jax.Array) -> jax.Array:
     """[B, N] the nodes to verify when nothing is pruned: the valid ones and the root; rows no
     longer live keep only the root."""

@@ -143,7 +143,7 @@ class SpeculativeLoop:
         tree = self.config.tree
         n = tree.num_nodes
         if self.pre_verifier is None:  # a text chain verified where drafted
-            return pre_verify.text_chain_buckets(tree.drafter_nodes, tree.text_chain)
+            return tree.text_buckets
         chosen = self.pre_verifier.shape.buckets or pre_verify.default_buckets(n)
         return tuple(sorted({b for b in chosen if b < n} | {n}))
 

@@ -166,7 +166,7 @@ def test_the_tree_spelling_takes_a_text_chain(tmp_path):
 
 def test_the_host_chain_is_the_engine_chain():
     """Calibration replays the chain on the host (host_text_chain): the same tokens as the
-    engine's draft_text_chain."""
+    engine's draft_text_chain, and the same nodes drafted from a minimum match."""
     rng = np.random.default_rng(1)
     for trial in range(30):
         t = int(rng.integers(1, 25))
@@ -178,6 +178,12 @@ def test_the_host_chain_is_the_engine_chain():
         n = int(np.sum(valid[0]))
         want = host_text_chain(ids[0].tolist() + [root], 6, 3)
         assert np.asarray(tokens[0, :n]).tolist() == want, trial
+        # From matches of m+ tokens: the prefix whose host match lengths are >= m.
+        _, matches = host_text_chain(ids[0].tolist() + [root], 6, 3, with_matches=True)
+        for m in (2, 3):
+            _, valid_m = draft_text_chain(rt, jnp.asarray([root], jnp.int32), 6, 3, m)
+            prefix = next((i for i, x in enumerate(matches) if x < m), len(matches))
+            assert int(np.sum(valid_m[0])) == prefix, (trial, m)
 
 
 def test_profiles_predict_text_chains_as_the_longer_path():
@@ -251,16 +257,47 @@ def test_calibration_replays_the_chain_at_each_step_against_what_the_target_wrot
     out = specjax.generate(lively, [prompt], max_new_tokens=new)
     ref = prompt + np.asarray(out.tokens[0]).tolist()
 
-    def oracle(text, k, longest):
+    def oracle(text, k, longest, with_matches=False):
         assert text == ref[: len(text)]  # the committed text and the root, in order
-        return ref[len(text) : len(text) + k]
+        tokens = ref[len(text) : len(text) + k]
+        # Only the first two nodes come from matches of TEXT_MIN_MATCH+ tokens.
+        return (
+            (tokens, [8, 5, 2, 8, 8, 8, 8, 8, 8, 8, 8, 8][: len(tokens)])
+            if with_matches
+            else tokens
+        )
 
     monkeypatch.setattr(text_chain, "host_text_chain", oracle)
     drafter = make_drafter("eagle", lively)
     probe = TreeConfig.dynamic(7, 3, 3)
     p = calibrate(lively, drafter, [prompt], probe=probe, max_new_tokens=new)
-    assert p.text_chains == (2, 4, 8)
+    assert p.text_chains == (2, 4, 8, 12)
     assert p.text_lengths == (new,)  # the run's own answer length only (below the first)
     with_chain = p.predict_tau(probe.with_text_chain(8))
     # Each step emits the chain's 8 tokens and the bonus while 9 or more are left.
     assert with_chain > 7.0 and with_chain > p.predict_tau(probe) + 4.0, with_chain
+    # From matches of 3+ tokens the chain drafts (and gets right) its first two nodes only.
+    matched = p.predict_tau(probe.with_text_chain(8, min_match=3))
+    assert 2.5 < matched < with_chain - 3.0, matched
+    assert p.matched_drafted[2] > 0.8 and p.text_drafted[12] > 0.5
+
+
+def test_the_default_runs_its_chosen_chain_verified_where_drafted():
+    """The default's chained trees run with text_min_match 1: the same tokens as the profile's
+    tables (drafted from any match), which therefore still cover the tree; TEXT_MIN_MATCH has
+    tables of its own, other minimum matches are not covered."""
+    from specjax.api import _verified_where_drafted
+
+    tree = TreeConfig.dynamic(4, 2, 2).with_text_chain(2)
+    run = _verified_where_drafted(SpecConfig(tree=tree, fallback_tau=1.5))
+    assert run.tree == tree.with_text_chain(2, min_match=1) and run.fallback_tau == 1.5
+    plain = SpecConfig(tree=TreeConfig.dynamic(4, 2, 2))
+    assert _verified_where_drafted(plain) == plain
+    rec = ProfileRecorder(TreeConfig.dynamic(4, 2, 2), "greedy", text_chains=(2,))
+    rec.add([-1, 0, 0, 1, 2], [0, 1, 1, 2, 2], [True] * 5, [1, 0.6, 0.3, 0.9, 0.5], [0, 2, 4], 2)
+    rec.add_text(0, 1)
+    p = rec.profile()
+    assert p.covers(tree) and p.covers(tree.with_text_chain(2, min_match=1))
+    assert p.predict_tau(tree.with_text_chain(2, min_match=1)) == p.predict_tau(tree)
+    assert p.covers(tree.with_text_chain(2, min_match=3))  # TEXT_MIN_MATCH: its own table
+    assert not p.covers(tree.with_text_chain(2, min_match=2))  # not measured

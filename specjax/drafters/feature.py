@@ -92,14 +92,6 @@ class FeatureDrafterState:
     row_text: RowText
 
 
-# The shortest match worth drafting from where only the drafted chain nodes are verified
-# (TreeConfig.text_min_match): shorter matches predict the next token 21% (1 token) and 53% (2)
-# of the time on SmolLM2's held-in answers. Offline on SmolLM2's MT-bench answers, eagle
-# (7, 4, 4) with a chain of 8 paid only for its drafted nodes: 1.18x the eagle alone drafting at
-# every match, 1.28x from 3 tokens (NOTES.md, "Fifty-first session").
-TEXT_CHAIN_MIN_MATCH = 3
-
-
 def tree_budget(tree: TreeConfig) -> tuple[int, int, int]:
     """(num_nodes, depth, top-k) of the dynamic tree a feature drafter builds for `tree` (its
     text chain left out)."""

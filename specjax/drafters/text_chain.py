@@ -114,11 +114,13 @@ def draft_text_chain(
     return jnp.stack(tokens, axis=1).astype(jnp.int32), jnp.stack(valid, axis=1)
 
 
-def host_text_chain(text, k: int, longest: int) -> list[int]:
+def host_text_chain(text, k: int, longest: int, with_matches: bool = False):
     """draft_text_chain for one row on the host (calibration replays it at recorded steps):
-    text the committed tokens with the root last; the chain's valid tokens, up to k."""
+    text the committed tokens with the root last; the chain's valid tokens, up to k. With
+    with_matches, (tokens, the match length each was drafted from): a chain drafted from
+    matches of m+ tokens (TreeConfig.text_min_match) is the prefix whose matches are >= m."""
     seq = np.asarray(text, np.int64)
-    ctx, chain = list(text), []
+    ctx, chain, matches = list(text), [], []
     for _ in range(k):
         token = None
         for m in range(min(longest, len(ctx)), 0, -1):
@@ -132,5 +134,6 @@ def host_text_chain(text, k: int, longest: int) -> list[int]:
         if token is None:
             break
         chain.append(token)
+        matches.append(m)
         ctx.append(token)
-    return chain
+    return (chain, matches) if with_matches else chain
