@@ -30,8 +30,9 @@ tables are also kept by answer length: text_by_length[j] holds, for answers of t
 tokens, tau_table plus what a chain added at the steps that began before that many tokens were
 written. A call picks the one for its max_new_tokens (at_answer_length). Chains drafted only from
 matches of TEXT_MIN_MATCH+ tokens and verified where drafted (TreeConfig.text_min_match) accept
-the chain's prefix drafted from such matches: matched_table, the same replay (over every
-recorded step, not by answer length). What such a tree costs depends on how many chain nodes a
+the chain's prefix drafted from such matches: matched_table, the same replay over every
+recorded step (at an answer length, its gain over the tree scales as the any-match chain's
+gain there does: at_answer_length). What such a tree costs depends on how many chain nodes a
 step drafts: text_drafted / matched_drafted are the shares of steps whose chain (any match /
 TEXT_MIN_MATCH+) drafted 0, 1, ... max(text_chains) nodes, from which verify_buckets gives the
 share of steps verified on each of the tree's static node counts.
@@ -198,8 +199,19 @@ class AcceptanceProfile:
         if not self.text_lengths:
             return self
         j = max([i for i, n in enumerate(self.text_lengths) if n <= new_tokens], default=0)
+        at_length = self.text_by_length[j]
+        matched = self.matched_table
+        if matched:
+            # Chains from TEXT_MIN_MATCH+ matches are replayed over every step, not by length:
+            # their gain over the tree is scaled by what the any-match chain's gain is at this
+            # length over its gain at every step.
+            plain = np.asarray(self.tau_table, np.float64)
+            matched = tuple(
+                _as_table(plain + (np.asarray(m) - plain) * _gain_ratio(plain, every, length))
+                for m, every, length in zip(matched, self.text_table, at_length, strict=True)
+            )
         return dataclasses.replace(
-            self, text_table=self.text_by_length[j], text_length=self.text_lengths[j]
+            self, text_table=at_length, text_length=self.text_lengths[j], matched_table=matched
         )
 
     def verify_buckets(self, tree: TreeConfig, batch: int = 1) -> list[tuple[int, float]]:
@@ -289,6 +301,17 @@ class AcceptanceProfile:
             for tables in kw.get("text_by_length", ())
         )
         return cls(**kw)
+
+
+def _gain_ratio(plain: np.ndarray, every, at_length) -> float:
+    """What a chain adds over the plain table at one answer length, over what it adds at every
+    step (1.0 where it adds nothing at every step)."""
+    total = float(np.sum(np.asarray(every) - plain))
+    return float(np.sum(np.asarray(at_length) - plain)) / total if total > 0 else 1.0
+
+
+def _as_table(rows: np.ndarray) -> tuple[tuple[float, ...], ...]:
+    return tuple(tuple(round(float(x), 5) for x in row) for row in rows)
 
 
 def _chained_tau(base_tau, gain, shift: float, depth: int, chain: int = 0):

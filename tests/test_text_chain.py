@@ -223,10 +223,18 @@ def test_text_tables_by_answer_length_count_the_steps_before_each_length():
     step = ([-1, 0, 0, 1, 2], [0, 1, 1, 2, 2], [True] * 5, [1, 0.6, 0.3, 0.9, 0.5], [0, 0, 0], 0)
     rec.add(*step)
     rec.add(*step)
-    rec.add_text(0, 1, emitted=10)
-    rec.add_text(1, 2, emitted=100)
+    # Both chains drafted 2 nodes, one of them from a match of TEXT_MIN_MATCH+ tokens.
+    rec.add_text(0, 1, emitted=10, drafted=2, matched=1)
+    rec.add_text(1, 2, emitted=100, drafted=2, matched=1)
     p = rec.profile()
     assert p.text_lengths == (64, 128)
+    assert p.text_drafted == (0.0, 0.0, 1.0) and p.matched_drafted == (0.0, 1.0, 0.0)
+    # From such matches the chain gets 1 token right at both steps: tau 2 over every step; at
+    # 64 tokens its gain (1.0) scales as the any-match chain's does there (1.0 of 1.5).
+    matched = TreeConfig.dynamic(4, 2, 2).with_text_chain(2, min_match=3)
+    assert p.predict_tau(matched) == 2.0
+    assert p.at_answer_length(64).predict_tau(matched) == pytest.approx(1 + 1 / 1.5, abs=1e-4)
+    assert p.at_answer_length(128).predict_tau(matched) == 2.0
     tree = TreeConfig.dynamic(4, 2, 2).with_text_chain(2)
     # The tree accepts nothing on its own (tau 1); the chain 2 then 3 tokens a step.
     assert p.predict_tau(tree) == 2.5  # every step
