@@ -215,14 +215,18 @@ MAX_TEXT_CHAIN = 4
 
 def candidate_trees(profile: AcceptanceProfile, max_nodes: int) -> Iterator[TreeConfig]:
     """Every tree within the profile's probe with at most max_nodes nodes (root included), and
-    each dynamic one with every text chain the profile measured up to MAX_TEXT_CHAIN nodes; where
-    the profile measured chains from TEXT_MIN_MATCH+ token matches, each with every such chain
-    (of any measured length: verified where drafted, a long chain costs only where it drafts)."""
+    each dynamic one with every text chain the profile measured up to MAX_TEXT_CHAIN nodes, from
+    any match and, where the profile measured them, from TEXT_MIN_MATCH+ token matches (verified
+    where drafted). Longer chains verified where drafted cost little where they draft nothing,
+    but their tables over-promise as chains of 8 from any match did: with chains of 8 and 12
+    the default chose dynamic(1,1,8) + 12 from 3+ token matches on MT-bench, predicted tau
+    3.5 / 3.3 and measured 2.98 / 2.42 for the eagle / mdc, 1.77x / 1.47x against 2.04x / 1.85x
+    for a fixed dynamic(7,4,4) / (7,3,4) + 12 (NOTES.md, "Fifty-third session")."""
     if profile.kind == "dynamic":
         budget, depth, topk = profile.probe
         chains = [(0, 0), *((k, 0) for k in profile.text_chains if k <= MAX_TEXT_CHAIN)]
         if profile.matched_table and profile.matched_drafted:
-            chains += [(k, TEXT_MIN_MATCH) for k in profile.text_chains]
+            chains += [(k, TEXT_MIN_MATCH) for k in profile.text_chains if k <= MAX_TEXT_CHAIN]
         for k, m in chains:
             for d in range(1, depth + 1):
                 for n in range(1, min(budget, max_nodes - 1 - k) + 1):

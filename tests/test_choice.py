@@ -192,38 +192,35 @@ def test_verify_grid_is_fine_at_few_rows():
 def test_a_chain_verified_where_drafted_is_priced_by_what_it_drafts():
     """Chains from TEXT_MIN_MATCH+ token matches (verified where drafted): a step runs on the
     bucket that holds the batch's most drafted chain, priced by the calibrated shares; where
-    chains rarely draft, a long one costs little and is chosen under a steep t(N); it is timed
-    as its twin verifying the whole chain, and its measured step is the twin's less the saving."""
-    from specjax.choice import timed_twin, verify_saving
+    such chains rarely draft, one is chosen under a steep t(N) over the same chain from any
+    match; it is timed as its twin verifying the whole chain, and its measured step is the
+    twin's less the saving. Chains past MAX_TEXT_CHAIN are not candidates."""
+    from specjax.choice import MAX_TEXT_CHAIN, timed_twin, verify_saving
 
     base = flat_profile()
-    gain, more = (tuple(tuple(x + g for x in row) for row in base.tau_table) for g in (0.6, 1.2))
+    more = tuple(tuple(x + 1.2 for x in row) for row in base.tau_table)
     profile = dataclasses.replace(
-        base, text_chains=(4, 8), text_table=(gain, more), matched_table=(gain, more),
+        base, text_chains=(4, 8), text_table=(more, more), matched_table=(more, more),
         # Any match: the chain drafts all 8 nodes; from 3+ token matches: none on 3 steps in 4.
         text_drafted=(0.0,) * 8 + (1.0,), matched_drafted=(0.75,) + (0.0,) * 7 + (0.25,),
     )  # fmt: skip
-    tree = TreeConfig.dynamic(3, 2, 4).with_text_chain(8, min_match=3)
-    assert tree.text_buckets == (4, 8, 12)
-    assert profile.verify_buckets(tree) == [(4, 0.75), (8, 0.0), (12, 0.25)]
+    tree = TreeConfig.dynamic(3, 2, 4).with_text_chain(4, min_match=3)
+    assert tree.text_buckets == (4, 6, 8)
+    assert profile.verify_buckets(tree) == [(4, 0.75), (6, 0.0), (8, 0.25)]
     # Two rows: the bucket of 4 only when neither drafts.
-    assert profile.verify_buckets(tree, batch=2) == [
-        (4, 0.5625),
-        (8, 0.0),
-        (12, pytest.approx(0.4375)),
-    ]
-    assert profile.verify_buckets(tree.with_text_chain(8, 1)) == [(4, 0.0), (8, 0.0), (12, 1.0)]
-    assert profile.verify_buckets(tree.with_text_chain(8)) == [(12, 1.0)]
+    shares = profile.verify_buckets(tree, batch=2)
+    assert shares == [(4, 0.5625), (6, 0.0), (8, pytest.approx(0.4375))]
+    assert profile.verify_buckets(tree.with_text_chain(4, 1)) == [(4, 0.0), (6, 0.0), (8, 1.0)]
+    assert profile.verify_buckets(tree.with_text_chain(4)) == [(8, 1.0)]
     steep = VerifyCosts(key="v", nodes=(1, 32), seconds=(1.0, 6.0))
     t = steep.t_verify
-    assert verify_saving(profile, tree, steep, 1) == pytest.approx(
-        t(12) - 0.75 * t(4) - 0.25 * t(12)
-    )
+    assert verify_saving(profile, tree, steep, 1) == pytest.approx(0.75 * (t(8) - t(4)))
     draft = DraftCosts(key="d", kind="dynamic", topk=(4,), deep_depth=4,
                        shallow=(0.01,), deep=(0.04,))  # fmt: skip
     chosen = choose([profile], steep, draft).config.tree
-    assert chosen.text_min_match == 3 and chosen.text_chain == 8, chosen
-    assert timed_twin(chosen) == chosen.with_text_chain(8)
+    assert chosen.text_min_match == 3 and chosen.text_chain == 4, chosen
+    assert all(t.text_chain <= MAX_TEXT_CHAIN for t in candidate_trees(profile, 64))
+    assert timed_twin(chosen) == chosen.with_text_chain(4)
     timed = _best_trees([profile], steep, draft, count=3)
     assert any(t.text_min_match for t in timed)
     # Measured: its twin's step less the model's saving.
@@ -232,7 +229,7 @@ def test_a_chain_verified_where_drafted_is_priced_by_what_it_drafts():
     c = choose([profile], steep, draft, measured=measured)
     assert c.config.tree.text_min_match == 3
     saving = verify_saving(profile, c.config.tree, steep, 1)
-    assert c.seconds_per_step == pytest.approx(twin_step - saving)
+    assert saving > 0 and c.seconds_per_step == pytest.approx(twin_step - saving)
 
 
 def test_measured_steps_override_the_model():
