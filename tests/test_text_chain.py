@@ -62,7 +62,10 @@ def lively():
         TreeConfig.dynamic(7, 3, 3).with_text_chain(4),
         TreeConfig.dynamic(2, 1, 2).with_text_chain(6),
         TreeConfig.dynamic(7, 3, 3).with_text_chain(4, min_match=2),
-        TreeConfig.dynamic(2, 1, 2).with_text_chain(6, min_match=1),
+        # ~12 s a kind on a 2-core CPU: the default run keeps the M2 case.
+        pytest.param(
+            TreeConfig.dynamic(2, 1, 2).with_text_chain(6, min_match=1), marks=pytest.mark.slow
+        ),
     ],
     ids=["7-3-3+text4", "2-1-2+text6", "7-3-3+text4-m2", "2-1-2+text6-m1"],
 )
@@ -94,8 +97,10 @@ def test_the_committed_text_is_the_prompt_and_the_output(lively):
         assert np.asarray(rt.text[b, :filled]).tolist() == want, b
 
 
-@pytest.mark.parametrize("min_match", [0, 1])
-@pytest.mark.parametrize("kind", ["eagle", "mdc"])
+@pytest.mark.parametrize(
+    "kind, min_match",
+    [("eagle", 0), ("mdc", 0), ("eagle", 1), pytest.param("mdc", 1, marks=pytest.mark.slow)],
+)
 def test_sampled_text_chain_keeps_the_target_distribution(kind, min_match, optimized_loop):
     """The one-hot tree rule over the drafter's top-1 and the text's chain of 2: the joint
     distribution of the first tokens over N_ROWS sampled rows is the target's exact one. The
