@@ -128,9 +128,9 @@ class AcceptanceProfile:
 
     def covers(self, tree: TreeConfig) -> bool:
         """Whether the profile predicts this tree (it lies within the probe, and a text chain's
-        length was measured). The text tables replay chains drafted from any match: a chain
-        verified where drafted from any match (text_min_match 1) accepts the same tokens, a
-        longer minimum match is not covered."""
+        length was measured). text_table replays chains drafted from any match, which a chain
+        verified where drafted from any match (text_min_match 1) also accepts; matched_table
+        covers text_min_match = TEXT_MIN_MATCH; other minimum matches are not covered."""
         if tree.text_chain:
             if tree.text_min_match <= 1:
                 table = self.text_table
@@ -448,8 +448,8 @@ class ProfileRecorder:
         chain_accepted tokens right. Each length's tree keeps the longer of the two paths.
         emitted: the row's tokens written before the step (it counts toward the text tables of
         every answer length above it). drafted: how many nodes that chain drafted; matched: how
-        many of them from matches of TEXT_MIN_MATCH+ tokens (None: not measured, taken as
-        drafted = chain_accepted's chain drafting every node and matched = 0)."""
+        many of its first nodes came from matches of TEXT_MIN_MATCH+ tokens. Left out (None),
+        the chain counts as drafting max(text_chains) nodes, none of them from such matches."""
         rows = self.step_rows[step]
         longer = np.stack([np.maximum(rows, 1 + min(chain_accepted, k)) for k in self.text_chains])
         self.text_sum += longer

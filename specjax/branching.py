@@ -2,13 +2,13 @@
 
 `lax.switch` and `lax.cond` pass their operands into the chosen branch, and XLA:CPU copies an
 operand that a branch updates in place: with a KV cache among the operands, every call pays a
-copy of the whole cache. Measured on a 2-core Xeon (SmolLM2-135M, batch 1, the target's forward
-over 8 nodes inside a `lax.switch` of an 8- and a 16-node branch, runs/ probe described in
-NOTES.md "Fifty-third session"): +1.1 ms a call at a 256-position cache, +2.3 ms at 512,
-+12.5 ms at 2048, against a forward of ~25 ms. A `lax.while_loop` updates its carry in place (the
-speculative loop itself relies on it), so `switch_in_place` runs each branch inside a while loop
-of zero or one trip: only the chosen branch runs, and the updated buffers stay where they are
-(the same probe: no measurable cost at any cache size).
+copy of the whole cache. Measured on a 2-core Xeon (experiments/switch_cost.py: SmolLM2-135M,
+batch 1, the target's forward over 8 nodes inside a `lax.switch` of an 8- and a 16-node
+branch): +1.7 ms a call at a 256-position cache, +3.2 ms at 512, +15.0 ms at 2048, against a
+forward of 29-40 ms. A `lax.while_loop` updates its carry in place (the speculative loop itself
+relies on it), so `switch_in_place` runs each branch inside a while loop of zero or one trip:
+only the chosen branch runs, and the updated buffers stay where they are (the same experiment:
+no measurable cost at any cache size).
 """
 
 from __future__ import annotations

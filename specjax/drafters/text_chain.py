@@ -4,10 +4,10 @@ lookup and as one more branch of a feature drafter's tree (TreeConfig.text_chain
 Axis letters: B batch, L the text buffer's width, S context tokens, K chain nodes, P path slots.
 
 A chat model's answer repeats its prompt and itself (names, code, lists, its own loops); a
-network drafter that reads hidden states knows much of that, but not all of it. On SmolLM2's
-greedy answers to 40 MT-bench first turns, the eagle's tree of 7 nodes accepted 1.21 tokens a
-step, and taking the longer of that and a text chain of 8 (searched again at every node) 2.20
-(NOTES.md, "Fifty-first session"): the two succeed on different tokens.
+network drafter that reads hidden states knows much of that, but not all of it. SmolLM2 drafted
+by its eagle (dynamic tree of 7 nodes) on 8 MT-bench first turns: 2.41 tokens per target call,
+3.06 with a text chain of 4 and 3.65 with one of 8 (NOTES.md, "Fifty-first session"): the two
+succeed on different tokens.
 
 The text is kept per row in a buffer: text[:filled] the committed tokens, the root (the pending
 token) goes at `filled`, and the accepted path is written at `filled` by the commit, which moves
