@@ -18,6 +18,12 @@ draft nodes "N -> m" in the table give the budget and the mean number verified. 
 call with the pre-verifier ("auto-tree" without ":nopv") chooses its tree as without it, then
 lets the pre-verifier prune it where the replay predicts at least 3% more tokens per second
 (its tree label then ends in "pre-verified").
+
+SmolLM2 adds the adaptive lengths that pay on a CPU (SMOLLM2_ADAPTIVE: a text chain drafted
+from 3+ token matches and verified where drafted, and the cost-aware pre-verifier weighing the
+tree's and the chain's nodes together; "15 -> m" the budget and the mean nodes verified),
+against each drafter's best fixed setting (the tree its default chooses most often, every node
+verified) and the default call itself, over 256 new tokens.
 """
 
 from __future__ import annotations
@@ -53,14 +59,51 @@ def methods(drafters):
     return tuple(rows)
 
 
+# Each SmolLM2 drafter's best fixed setting on this kind of CPU: the tree its default chooses
+# most often, its text chain of 4 verified whole (experiments/results/
+# bench_smollm2_text_adaptive_xeon.md: eagle 1.86x, mdc 1.84x).
+SMOLLM2_FIXED = {
+    SMOLLM2_EAGLE: TreeConfig.dynamic(4, 3, 4).with_text_chain(4),
+    SMOLLM2_MDC: TreeConfig.dynamic(3, 2, 8).with_text_chain(4),
+}
+# The adaptive length that pays on a CPU: each drafter's small tree with a text chain of 8,
+# drafted from 3+ token matches and verified where drafted, and the same tree and chain (any
+# match) pruned together by the cost-aware pre-verifier (`DIR:pvcost`: every step verifies
+# the node count with the most expected tokens per second under this machine's t(N); chain
+# nodes weighed by their match, the drafter's by the network).
+SMOLLM2_ADAPTIVE = {
+    SMOLLM2_EAGLE: TreeConfig.dynamic(7, 4, 4),
+    SMOLLM2_MDC: TreeConfig.dynamic(7, 3, 4),
+}
+
+
+def smollm2_methods(drafters):
+    """Per drafter: its best fixed setting, the default call, the small tree without and with
+    the threshold pre-verifier, the 31-node budget pruned by it, and the adaptive chains."""
+    rows = [Method(kind=AR)]
+    for d in drafters:
+        tree = SMOLLM2_ADAPTIVE[d]
+        rows += [
+            Method(kind=SPEC, drafter=f"{d}:nopv", tree=SMOLLM2_FIXED[d]),
+            Method(kind=SPEC, drafter=d, auto=True),
+            Method(kind=SPEC, drafter=f"{d}:nopv", tree=SMALL_TREE),
+            Method(kind=SPEC, drafter=d, tree=SMALL_TREE),
+            Method(kind=SPEC, drafter=d, tree=FEATURE_TREE),
+            Method(kind=SPEC, drafter=d, tree=tree.with_text_chain(8, min_match=3)),
+            Method(kind=SPEC, drafter=f"{d}:pvcost", tree=tree.with_text_chain(8, min_match=1)),
+            Method(kind=SPEC, drafter=f"{d}:pvcost", tree=tree.with_text_chain(12, min_match=1)),
+        ]
+    return tuple(rows)
+
+
 PACER_SUITES = {
     "stories260K": dataclasses.replace(
         SUITES["stories260K"], methods=methods((STORIES260K_EAGLE, STORIES260K_MDC))
     ),
     "smollm2": dataclasses.replace(
         SUITES["smollm2"],
-        datasets=(Dataset.named("mt_bench", 8, 64), Dataset.named("qa", 8, 64)),
-        methods=methods((SMOLLM2_EAGLE, SMOLLM2_MDC)),
+        datasets=(Dataset.named("mt_bench", 8, 256), Dataset.named("qa", 8, 256)),
+        methods=smollm2_methods((SMOLLM2_EAGLE, SMOLLM2_MDC)),
     ),
 }
 

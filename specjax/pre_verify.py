@@ -62,13 +62,24 @@ def path_logp(node_logp: jax.Array, parents: jax.Array, max_depth: int) -> jax.A
 
 
 def keep_mask(
-    tree: DraftTree, pv, live: jax.Array, max_depth: int, buckets: tuple[int, ...] = ()
+    tree: DraftTree,
+    pv,
+    live: jax.Array,
+    max_depth: int,
+    buckets: tuple[int, ...] = (),
+    text_nodes: int = 0,
 ) -> jax.Array:
     """[B, N] nodes to verify: valid nodes whose predicted path probability reaches the
     pre-verifier's threshold, and the root; rows no longer live keep only the root. With the
     pre-verifier's measured costs, only the nodes of the bucket with the most expected tokens
-    per second (bucket_by_cost) are kept."""
-    pi = path_logp(pv.node_logp(tree.node_stats), tree.parents, max_depth)
+    per second (bucket_by_cost) are kept. text_nodes (static): the last nodes are a text
+    chain's, predicted by the match they were drafted from (their recorded logq,
+    drafters.feature.with_text_chain) instead of by the network, which never saw them."""
+    node_logp = pv.node_logp(tree.node_stats)
+    if text_nodes:
+        from_text = jnp.arange(tree.num_nodes) >= tree.num_nodes - text_nodes
+        node_logp = jnp.where(from_text[None, :], tree.node_stats[..., 0], node_logp)
+    pi = path_logp(node_logp, tree.parents, max_depth)
     keep = tree.valid & (pi >= pv.keep_logp(tree.num_nodes))
     root = jnp.arange(tree.num_nodes)[None, :] == 0
     keep = jnp.where(live[:, None], keep | root, root)

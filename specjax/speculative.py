@@ -107,8 +107,12 @@ def pruning_pre_verifier(drafter, config: SpecConfig, rule: str):
     """The drafter's pre-verifier when it may prune trees of `config` under `rule`, else None:
     only deterministic (top-k) children may be dropped by what they are (specjax.pre_verify)."""
     pv = getattr(drafter, "pre_verifier", None) if config.pre_verify else None
-    # A text chain's nodes carry none of what the pre-verifier reads: with one it is off.
-    if pv is None or rule in ("chain", "tree_sampled", "hsd") or config.tree.text_chain:
+    if pv is None or rule in ("chain", "tree_sampled", "hsd"):
+        return None
+    # A text chain's nodes carry none of what the network reads; a pre-verifier that chooses
+    # its bucket by measured costs weighs them by their match instead (pre_verify.keep_mask),
+    # one that only thresholds the network's predictions is off with a chain.
+    if config.tree.text_chain and not pv.shape.costs:
         return None
     return pv if pv.prunes(config.tree.num_nodes) else None
 
@@ -145,6 +149,7 @@ class SpeculativeLoop:
         if self.pre_verifier is None:  # a text chain verified where drafted
             return tree.text_buckets
         chosen = self.pre_verifier.shape.buckets or pre_verify.default_buckets(n)
+        chosen = set(chosen) | (set(tree.text_buckets) if tree.text_chain else set())
         return tuple(sorted({b for b in chosen if b < n} | {n}))
 
     @property
@@ -310,7 +315,9 @@ class SpeculativeLoop:
             if pv is None:
                 keep = pre_verify.valid_mask(tree, live)
             else:
-                keep = pre_verify.keep_mask(tree, pv, live, cfg.tree.max_depth, self.buckets)
+                keep = pre_verify.keep_mask(
+                    tree, pv, live, cfg.tree.max_depth, self.buckets, cfg.tree.text_chain
+                )
             cut = jnp.sum(keep, axis=1) < jnp.sum(tree.valid, axis=1)
             tree, order = pre_verify.compact(tree, keep)
             v, n_verified = pre_verify.verify_in_buckets(

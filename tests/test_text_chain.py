@@ -314,3 +314,93 @@ def test_the_default_runs_its_chosen_chain_verified_where_drafted():
     assert p.predict_tau(tree.with_text_chain(2, min_match=1)) == p.predict_tau(tree)
     assert p.covers(tree.with_text_chain(2, min_match=3))  # TEXT_MIN_MATCH: its own table
     assert not p.covers(tree.with_text_chain(2, min_match=2))  # not measured
+
+
+def test_a_cost_aware_pre_verifier_predicts_chain_nodes_by_their_match():
+    """keep_mask reads a text chain's nodes (the last text_nodes) from their recorded logq (the
+    match table's value) and the drafter's nodes from the network: a threshold between the two
+    chain nodes' path probabilities keeps the first chain node and drops the second, whatever
+    the network would have said about them."""
+    from test_pre_verifier import random_pre_verifier
+
+    from specjax import pre_verify
+    from specjax.drafters.text_chain import CHAIN_NODE_LOGP, chain_node_logp
+    from specjax.tree import NODE_STATS, DraftTree
+
+    matches = jnp.array([[8, 1]])  # first chain node from an 8-token match, second from 1
+    logq = chain_node_logp(matches)
+    np.testing.assert_allclose(np.asarray(logq[0]), [CHAIN_NODE_LOGP[-1], CHAIN_NODE_LOGP[0]])
+    stats = np.zeros((1, 4, len(NODE_STATS)), np.float32)
+    stats[0, 2:, 0] = np.asarray(logq[0])
+    tree = DraftTree(
+        tokens=jnp.array([[5, 6, 7, 8]]),
+        parents=jnp.array([[-1, 0, 0, 2]]),  # node 1 the drafter's, nodes 2-3 the chain
+        depth=jnp.array([[0, 1, 1, 2]]),
+        valid=jnp.ones((1, 4), bool),
+        draft_prob=jnp.ones((1, 4)),
+        node_stats=jnp.asarray(stats),
+    )
+    cut = float(np.exp(CHAIN_NODE_LOGP[-1] + CHAIN_NODE_LOGP[0] / 2))  # between the two paths
+    pv = random_pre_verifier(cut)
+    live = jnp.ones((1,), bool)
+    keep = np.asarray(pre_verify.keep_mask(tree, pv, live, 3, text_nodes=2))
+    assert keep[0, 2] and not keep[0, 3], keep
+    network = np.asarray(pv.node_logp(tree.node_stats))[0, 1]
+    assert keep[0, 1] == (network >= np.log(cut)), (keep, network)
+    # Without text_nodes the network judges the chain's nodes too.
+    blind = np.asarray(pre_verify.keep_mask(tree, pv, live, 3))
+    want = np.asarray(pre_verify.path_logp(pv.node_logp(tree.node_stats), tree.parents, 3))
+    np.testing.assert_array_equal(blind[0, 1:], want[0, 1:] >= np.log(cut))
+
+
+@pytest.mark.parametrize("kind", ["eagle", pytest.param("mdc", marks=pytest.mark.slow)])
+def test_a_cost_aware_pre_verifier_with_a_text_chain_keeps_greedy_output(lively, kind):
+    """A pre-verifier choosing each step's bucket by costs prunes the drafter's nodes and the
+    text chain's together (a threshold-only one is off with a chain): greedy output equals
+    generate at batch 1 and 3 and up to the cache's end, steps ran on several node counts, and
+    the chain's nodes were accepted."""
+    from test_pre_verifier import random_pre_verifier
+
+    from specjax.speculative import pruning_pre_verifier
+
+    tree = TreeConfig.dynamic(7, 3, 3).with_text_chain(4, min_match=1)  # 12 nodes
+    drafter = make_drafter(kind, lively)
+    drafter.pre_verifier = random_pre_verifier(0.3)
+    assert pruning_pre_verifier(drafter, SpecConfig(tree=tree), "greedy") is None
+    # Costs under which the buckets (1, 4, 8, 10, 12) score near each other.
+    costs = ((1, 1.0), (4, 1.05), (8, 1.1), (10, 1.3), (12, 1.45))
+    drafter.pre_verifier = random_pre_verifier(0.0, costs=costs)
+    assert pruning_pre_verifier(drafter, SpecConfig(tree=tree), "greedy") is not None
+    outs = greedy_equal_across_batches(lively, drafter, tree)
+    hist = np.asarray(outs[-1].stats["accepted_hist"]).sum(0)
+    assert hist[tree.drafter_depth + 1 :].sum() > 0, hist
+    verified = np.asarray(outs[-1].stats["verified_nodes"])
+    assert np.all(verified < tree.num_nodes) and np.all(verified > 1), verified
+
+
+def test_sampled_cost_aware_pruning_of_tree_and_chain_keeps_the_target_distribution(
+    optimized_loop,
+):
+    """The one-hot tree rule with the cost-aware pre-verifier pruning the drafter's top-1 and
+    the text's chain of 2 together: under these costs every step verifies 2 nodes, so each row
+    keeps only the one of its two first nodes the predictions favour (by the drafter's
+    statistics and the chain's match, never by the target). The joint distribution of the
+    first tokens over N_ROWS sampled rows is still the target's exact one."""
+    from test_pre_verifier import random_pre_verifier
+
+    target = sharpened(CFG, 4, 2.0)
+    prompt = [1, 5, 2, 6, 3, 1, 5, 2, 6, 3]
+    drafter = make_drafter("eagle", target, seed=2, scale=2.0)
+    drafter.pre_verifier = random_pre_verifier(0.0, costs=((1, 1.0), (2, 1.01), (4, 3.0)))
+    sampling = SamplingConfig(temperature=1.0)
+    tree = TreeConfig.dynamic(1, 1, 1).with_text_chain(2, min_match=1)
+    out = specjax.speculative_generate(
+        target, drafter, [prompt] * N_ROWS, max_new_tokens=observed_tokens(tree),
+        config=SpecConfig(tree=tree), sampling=sampling,
+        key=jax.random.split(jax.random.key(0), N_ROWS),
+    )  # fmt: skip
+    problem = check_rows(np.asarray(out.tokens), target, sampling, prompt)
+    assert problem is None, problem
+    np.testing.assert_allclose(np.asarray(out.stats["verified_nodes"]), 2.0)
+    hist = np.asarray(out.stats["accepted_hist"]).sum(0)
+    assert hist[1] > 0.05 * hist.sum() and hist[2] == 0, hist

@@ -44,6 +44,7 @@ from specjax.drafters.base import RootContext
 from specjax.drafters.text_chain import (
     LONGEST,
     RowText,
+    chain_node_logp,
     commit_row_text,
     draft_text_chain,
     init_row_text,
@@ -52,7 +53,7 @@ from specjax.kernels import cpu_panels
 from specjax.models.drafter import DrafterNet, TargetParts, one_layer_weights, shift_right
 from specjax.models.layers import decoder_layer, rope_angles, write_block
 from specjax.sampling import apply_sampling
-from specjax.tree import Acceptance, DraftTree, causal_mask, expand_topk
+from specjax.tree import NODE_STATS, Acceptance, DraftTree, causal_mask, expand_topk
 
 
 class TargetHead(nnx.Variable):
@@ -367,27 +368,39 @@ def with_text_chain(tree: DraftTree, row_text: RowText, root, k: int, min_match:
     """tree [B, N] with the text's chain of k nodes appended as one more branch of the root
     (nodes N .. N + k - 1, each the child of the one before; valid while the text's match is
     at least min_match tokens long). Its tokens are deterministic (draft_prob 1, as for the
-    drafter's top-k children under the one-hot rule); recorded statistics and hidden states
-    are zeros there."""
+    drafter's top-k children under the one-hot rule); hidden states are zeros there. Recorded
+    statistics: the node's log acceptance given its parent's by the match it was drafted from
+    (text_chain.CHAIN_NODE_LOGP) as logq, their sum along the chain as cum_logq, the depth; the
+    rest zeros (a cost-aware pre-verifier reads the first two, specjax.pre_verify)."""
     b, n = tree.tokens.shape
-    tokens, valid = draft_text_chain(row_text, root, k, LONGEST, min_match)
+    tokens, valid, matches = draft_text_chain(
+        row_text, root, k, LONGEST, min_match, with_matches=True
+    )
     chain = jnp.arange(k, dtype=jnp.int32)
     parents = jnp.broadcast_to(jnp.where(chain == 0, 0, n + chain - 1), (b, k))
+    depth = jnp.broadcast_to(chain + 1, (b, k))
 
     def pad(x):
         return None if x is None else jnp.pad(x, ((0, 0), (0, k)) + ((0, 0),) * (x.ndim - 2))
 
+    node_stats = None
+    if tree.node_stats is not None:
+        logq = chain_node_logp(matches)
+        stats = {"logq": logq, "cum_logq": jnp.cumsum(logq, axis=1), "depth": depth}
+        chain_stats = jnp.stack(
+            [stats.get(name, jnp.zeros((b, k))) for name in NODE_STATS], axis=-1
+        ).astype(tree.node_stats.dtype)
+        node_stats = jnp.concatenate([tree.node_stats, chain_stats], axis=1)
+
     return tree.replace(
         tokens=jnp.concatenate([tree.tokens, tokens], axis=1),
         parents=jnp.concatenate([tree.parents, parents.astype(tree.parents.dtype)], axis=1),
-        depth=jnp.concatenate(
-            [tree.depth, jnp.broadcast_to(chain + 1, (b, k)).astype(tree.depth.dtype)], axis=1
-        ),
+        depth=jnp.concatenate([tree.depth, depth.astype(tree.depth.dtype)], axis=1),
         valid=jnp.concatenate([tree.valid, valid], axis=1),
         draft_prob=jnp.concatenate(
             [tree.draft_prob, jnp.ones((b, k), tree.draft_prob.dtype)], axis=1
         ),
-        node_stats=pad(tree.node_stats),
+        node_stats=node_stats,
         node_hidden=pad(tree.node_hidden),
     )
 

@@ -89,7 +89,7 @@ def load_drafter(
     reuse: bool = True,
     fresh_slots: int | None = None,
     stale_logits: bool = False,
-    pre_verifier: bool | None = None,
+    pre_verifier: bool | str | None = None,
 ):
     """A Drafter (HiddenStateDrafter or EagleDrafter) from a drafter directory, bound to
     `target` (a specjax Llama, or a specjax.Loaded); from an exit-heads directory (hispec.json,
@@ -107,7 +107,11 @@ def load_drafter(
     pre_verifier: attach the trained pre-verifier kept in the directory's pre_verifier/ folder
     (specjax.models.pre_verifier: drafts and verifies only the nodes it expects to be
     accepted); None (default): when there is one,
-    True: raise ValueError when there is none, False: never."""
+    True: raise ValueError when there is none, False: never; "costs": as True, set to choose
+    every step's node count by this machine's measured t(N) (pre_verifier_local.cost_aware),
+    which also weighs a text chain's nodes (by their match)."""
+    if pre_verifier not in (None, True, False, "costs"):
+        raise ValueError(f"pre_verifier must be None, True, False or 'costs', got {pre_verifier!r}")
     model = getattr(target, "model", target)
     if is_ngram_dir(path):  # n-gram tables (specjax.drafters.ngram): nothing to bind
         return load_ngram(path, model, strict=strict, pre_verifier=pre_verifier)
@@ -132,6 +136,10 @@ def load_drafter(
                 "experiments/train_pre_verifier.py, or pass pre_verifier=False"
             )
         drafter.pre_verifier = load_pre_verifier(pv_folder)
+        if pre_verifier == "costs":
+            from specjax.pre_verifier_local import cost_aware
+
+            drafter.pre_verifier = cost_aware(drafter.pre_verifier, model)
     # Where its acceptance profile (acceptance.json) lives: SpecConfig.auto() reads it.
     drafter.checkpoint_dir = str(Path(path).resolve())
     return drafter

@@ -76,6 +76,8 @@ def _switch(word: str) -> dict | None:
         return {"reuse": False}
     if word == "nopv":
         return {"pre_verifier": False}
+    if word == "pvcost":
+        return {"pre_verifier": "costs"}
     if word == "stale":
         return {"stale_logits": True}
     if word.startswith("buffer") and word[6:].isdigit():
@@ -88,7 +90,8 @@ def _switch(word: str) -> dict | None:
 def split_drafter_switch(spec: str) -> tuple[str, dict]:
     """Ablation switches of a trained hidden-state drafter, spelled DIR:SWITCH[:SWITCH...]:
     "DIR:noreuse" -> (DIR, {"reuse": False}); "DIR:fresh2" -> (DIR, {"fresh_slots": 2});
-    "DIR:nopv" -> (DIR, {"pre_verifier": False}); "DIR:stale" -> (DIR, {"stale_logits": True});
+    "DIR:nopv" -> (DIR, {"pre_verifier": False}); "DIR:pvcost" -> (DIR, {"pre_verifier":
+    "costs"}); "DIR:stale" -> (DIR, {"stale_logits": True});
     for HiSpec exit heads "DIR:buffer4" -> (DIR, {"buffer": 4}). Several combine
     ("DIR:noreuse:nopv"); naming one twice is a ValueError."""
     switches: dict = {}

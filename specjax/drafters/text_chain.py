@@ -26,6 +26,14 @@ import numpy as np
 # TEXT_ONLY_LOGQ).
 LONGEST = 8
 
+# log P(a chain node is accepted | the chain nodes before it were), by the length m = 1 ..
+# LONGEST of the match it was drafted from (entry m - 1; LONGEST stands for LONGEST or more):
+# SmolLM2's greedy answers to held-in prompts, 163,000 chain nodes (`python
+# experiments/chain_acceptance.py`, experiments/results/chain_acceptance.md: 0.22 from a
+# 1-token match, 0.53 from 2, 0.62 from 3, 0.74 from 4, 0.95 from 8+). A cost-aware
+# pre-verifier weighs chain nodes with it (specjax.pre_verify.keep_mask).
+CHAIN_NODE_LOGP = (-1.508, -0.641, -0.478, -0.306, -0.240, -0.215, -0.164, -0.057)
+
 
 @flax.struct.dataclass
 class RowText:
@@ -93,25 +101,36 @@ def match_text(text, known, contexts, longest: int) -> tuple[jax.Array, jax.Arra
 
 
 def draft_text_chain(
-    rt: RowText, root, k: int, longest: int, min_match: int = 1
-) -> tuple[jax.Array, jax.Array]:
+    rt: RowText, root, k: int, longest: int, min_match: int = 1, with_matches: bool = False
+):
     """(tokens [B, K], valid [B, K]): the chain prompt lookup drafts after root [B]. Node i's
     token follows the latest longest match (up to `longest` tokens) of its context (the text,
     the root and the chain's nodes before it) in the committed text and the root; a node whose
-    longest match is shorter than min_match tokens, and every node after it, is not valid."""
+    longest match is shorter than min_match tokens, and every node after it, is not valid.
+    with_matches: (tokens, valid, matches [B, K]) the length of the match each node was
+    drafted from (0 where there was none)."""
     seq = with_root(rt, root)
     b = root.shape[0]
     # The last `longest` tokens up to the root, oldest first (-1 before the text's start).
     pos = rt.filled[:, None] - longest + 1 + jnp.arange(longest, dtype=jnp.int32)[None, :]
     ctx = jnp.where(pos >= 0, jnp.take_along_axis(seq, jnp.maximum(pos, 0), axis=1), -1)
-    tokens, valid, alive = [], [], jnp.ones((b,), bool)
+    tokens, valid, matches, alive = [], [], [], jnp.ones((b,), bool)
     for _ in range(k):
         token, order = match_text(seq, rt.filled + 1, ctx[:, None, :], longest)
         alive = alive & (order[:, 0] >= max(min_match, 1))
         tokens.append(token[:, 0])
         valid.append(alive)
+        matches.append(order[:, 0])
         ctx = jnp.concatenate([ctx[:, 1:], token], axis=1)
-    return jnp.stack(tokens, axis=1).astype(jnp.int32), jnp.stack(valid, axis=1)
+    out = (jnp.stack(tokens, axis=1).astype(jnp.int32), jnp.stack(valid, axis=1))
+    return out + (jnp.stack(matches, axis=1).astype(jnp.int32),) if with_matches else out
+
+
+def chain_node_logp(matches) -> jax.Array:
+    """[B, K] log P(node accepted | the chain before it accepted) of chain nodes drafted from
+    matches [B, K] tokens long (CHAIN_NODE_LOGP; matches of 0, no node, get the 1-token value)."""
+    table = jnp.asarray(CHAIN_NODE_LOGP, jnp.float32)
+    return table[jnp.clip(matches, 1, len(CHAIN_NODE_LOGP)) - 1]
 
 
 def host_text_chain(text, k: int, longest: int, with_matches: bool = False):
