@@ -362,6 +362,27 @@ def test_load_drafter_refuses_a_missing_pre_verifier(tmp_path, target):
     assert loaded.pre_verifier is not None and loaded.pre_verifier.config.threshold == 0.3
     off = specjax.load_drafter(tmp_path / "d", target, strict=False, pre_verifier=False)
     assert off.pre_verifier is None
+    with pytest.raises(ValueError, match="pre_verifier must be"):
+        specjax.load_drafter(tmp_path / "d", target, strict=False, pre_verifier="yes")
+
+
+def test_load_drafter_sets_a_cost_aware_pre_verifier(tmp_path, target, monkeypatch):
+    """pre_verifier="costs" (`DIR:pvcost`): the trained pre-verifier at threshold 0 with this
+    machine's t(N) as its costs (stubbed here: the measurement is autotune's)."""
+    from specjax import autotune
+    from specjax.drafters.spec import split_drafter_switch
+    from specjax.train.checkpoint import save_drafter
+
+    assert split_drafter_switch("ckpt/d:pvcost") == ("ckpt/d", {"pre_verifier": "costs"})
+    drafter = make_drafter("eagle", target)
+    save_drafter(drafter.net, tmp_path / "d")
+    save_pre_verifier(random_pre_verifier(0.3), tmp_path / "d" / "pre_verifier")
+    measured = autotune.VerifyCosts(key="k", nodes=(1, 4, 8), seconds=(1.0, 1.2, 1.5))
+    monkeypatch.setattr(autotune, "verify_costs", lambda *a, **kw: measured)
+    pv = specjax.load_drafter(tmp_path / "d", target, strict=False, pre_verifier="costs")
+    pv = pv.pre_verifier
+    assert pv.shape.costs == ((1, 1.0), (4, 1.2), (8, 1.5))
+    assert float(pv.keep_logp(16)) == -np.inf  # threshold 0: the costs alone decide
 
 
 def test_labels_auc_and_replay():

@@ -109,9 +109,21 @@ def test_sampled_text_chain_keeps_the_target_distribution(kind, min_match, optim
     min_match the tree is compacted to its drafted nodes before verification (in a batch this
     large some row always drafts the whole chain, so the whole bucket runs; the greedy case
     covers the smaller buckets)."""
+    out = sampled_run_checked(kind, min_match)
+    hist = np.asarray(out.stats["accepted_hist"]).sum(0)
+    assert hist[2] > 0.005 * hist.sum() and hist[0] > 0.05 * hist.sum(), hist
+
+
+def sampled_run_checked(kind: str, min_match: int, pre_verifier=None):
+    """N_ROWS rows of a self-repeating prompt sampled at T=1 with the one-hot tree rule over
+    the drafter's top-1 and the text's chain of 2 (the drafter given `pre_verifier`); asserts
+    that the joint distribution of the first tokens is the target's exact one, returns the
+    output."""
     target = sharpened(CFG, 4, 2.0)
     prompt = [1, 5, 2, 6, 3, 1, 5, 2, 6, 3]
     drafter = make_drafter(kind, target, seed=2, scale=2.0)
+    if pre_verifier is not None:
+        drafter.pre_verifier = pre_verifier
     sampling = SamplingConfig(temperature=1.0)
     tree = TreeConfig.dynamic(1, 1, 1).with_text_chain(2, min_match=min_match)
     out = specjax.speculative_generate(
@@ -121,8 +133,7 @@ def test_sampled_text_chain_keeps_the_target_distribution(kind, min_match, optim
     )  # fmt: skip
     problem = check_rows(np.asarray(out.tokens), target, sampling, prompt)
     assert problem is None, problem
-    hist = np.asarray(out.stats["accepted_hist"]).sum(0)
-    assert hist[2] > 0.005 * hist.sum() and hist[0] > 0.05 * hist.sum(), hist
+    return out
 
 
 def test_a_text_chain_needs_a_dynamic_tree_and_a_drafter_that_adds_it(lively):
@@ -388,19 +399,8 @@ def test_sampled_cost_aware_pruning_of_tree_and_chain_keeps_the_target_distribut
     first tokens over N_ROWS sampled rows is still the target's exact one."""
     from test_pre_verifier import random_pre_verifier
 
-    target = sharpened(CFG, 4, 2.0)
-    prompt = [1, 5, 2, 6, 3, 1, 5, 2, 6, 3]
-    drafter = make_drafter("eagle", target, seed=2, scale=2.0)
-    drafter.pre_verifier = random_pre_verifier(0.0, costs=((1, 1.0), (2, 1.01), (4, 3.0)))
-    sampling = SamplingConfig(temperature=1.0)
-    tree = TreeConfig.dynamic(1, 1, 1).with_text_chain(2, min_match=1)
-    out = specjax.speculative_generate(
-        target, drafter, [prompt] * N_ROWS, max_new_tokens=observed_tokens(tree),
-        config=SpecConfig(tree=tree), sampling=sampling,
-        key=jax.random.split(jax.random.key(0), N_ROWS),
-    )  # fmt: skip
-    problem = check_rows(np.asarray(out.tokens), target, sampling, prompt)
-    assert problem is None, problem
+    pv = random_pre_verifier(0.0, costs=((1, 1.0), (2, 1.01), (4, 3.0)))
+    out = sampled_run_checked("eagle", 1, pre_verifier=pv)
     np.testing.assert_allclose(np.asarray(out.stats["verified_nodes"]), 2.0)
     hist = np.asarray(out.stats["accepted_hist"]).sum(0)
     assert hist[1] > 0.05 * hist.sum() and hist[2] == 0, hist
