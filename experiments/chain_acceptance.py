@@ -88,9 +88,7 @@ def main(argv=None) -> int:
         "|" + "---|" * (len(per_source) + 3),
     ]
     for m in range(1, LONGEST + 1):
-        cells = [
-            f"{r[m] / t[m]:.3f} ({t[m]})" if t[m] else "-" for t, r in per_source.values()
-        ]
+        cells = [f"{r[m] / t[m]:.3f} ({t[m]})" if t[m] else "-" for t, r in per_source.values()]
         p = right[m] / max(tried[m], 1)
         lines.append(
             f"| {m}{'+' if m == LONGEST else ''} | " + " | ".join(cells)
