@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.branching import switch_in_place
-from specjax.tree import Acceptance, DraftTree, ancestor_mask
+from specjax.tree import NODE_STATS, Acceptance, DraftTree, ancestor_mask
 
 
 def default_buckets(num_nodes: int) -> tuple[int, ...]:
@@ -78,7 +78,8 @@ def keep_mask(
     node_logp = pv.node_logp(tree.node_stats)
     if text_nodes:
         from_text = jnp.arange(tree.num_nodes) >= tree.num_nodes - text_nodes
-        node_logp = jnp.where(from_text[None, :], tree.node_stats[..., 0], node_logp)
+        recorded = tree.node_stats[..., NODE_STATS.index("logq")]
+        node_logp = jnp.where(from_text[None, :], recorded, node_logp)
     pi = path_logp(node_logp, tree.parents, max_depth)
     keep = tree.valid & (pi >= pv.keep_logp(tree.num_nodes))
     root = jnp.arange(tree.num_nodes)[None, :] == 0
