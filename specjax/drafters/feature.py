@@ -253,7 +253,9 @@ class FeatureDrafter(nnx.Module):
         root_emb = jnp.take(parts.embed, ctx.root, axis=0)  # [B, M]
         step, root_state, shared = self._expansion(state, parts, ctx, root_emb, sampling, config)
         b = ctx.root.shape[0]
-        # The pre-verifier was trained on the drafter's own trees: with a text chain it is off.
+        # Drafting is not stopped early with a text chain: a threshold pre-verifier is off then,
+        # and a cost-aware one (specjax.pre_verify.keep_mask) weighs the chain's nodes against
+        # the whole drafted tree after drafting.
         pv = self.pre_verifier if config.pre_verify and not config.tree.text_chain else None
         pv = pv if pv is not None and pv.prunes(n_nodes) else None
         # With a pre-verifier, drafting stops once no frontier node is worth verifying.
