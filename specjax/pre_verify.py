@@ -73,13 +73,10 @@ def keep_mask(
     pre-verifier's threshold, and the root; rows no longer live keep only the root. With the
     pre-verifier's measured costs, only the nodes of the bucket with the most expected tokens
     per second (bucket_by_cost) are kept. text_nodes (static): the last nodes are a text
-    chain's, predicted by the match they were drafted from (their recorded logq,
-    drafters.feature.with_text_chain) instead of by the network, which never saw them."""
+    chain's, predicted by the match they were drafted from (with_chain_evidence)."""
     node_logp = pv.node_logp(tree.node_stats)
     if text_nodes:
-        from_text = jnp.arange(tree.num_nodes) >= tree.num_nodes - text_nodes
-        recorded = tree.node_stats[..., NODE_STATS.index("logq")]
-        node_logp = jnp.where(from_text[None, :], recorded, node_logp)
+        node_logp = with_chain_evidence(tree, node_logp, text_nodes, max_depth)
     pi = path_logp(node_logp, tree.parents, max_depth)
     keep = tree.valid & (pi >= pv.keep_logp(tree.num_nodes))
     root = jnp.arange(tree.num_nodes)[None, :] == 0
@@ -87,6 +84,37 @@ def keep_mask(
     if pv.shape.costs and len(buckets) > 1:
         keep = bucket_by_cost(keep, pi, live, buckets, pv.shape.costs)
     return keep
+
+
+def with_chain_evidence(tree: DraftTree, node_logp, text_nodes: int, max_depth: int):
+    """node_logp [B, N] (log P(node accepted | parent accepted)) with the last text_nodes nodes,
+    a text chain's, read from the match each was drafted from (their recorded logq) instead of
+    the network, which never saw them. Where the chain spells a path of the drafter's tree
+    (drafters.feature.with_text_chain hangs the chain's first valid node from its end), each
+    node of that path is given at least the path probability the chain's own match puts on it
+    (the recorded cum_logq of the chain node it stands in for): the text agreeing with the
+    drafter is no weaker evidence than the text alone. Returned as conditional probabilities,
+    so that path probabilities still never grow from parent to child."""
+    n = tree.num_nodes
+    first_text = n - text_nodes
+    from_text = jnp.arange(n)[None, :] >= first_text
+    stats = tree.node_stats
+    node_logp = jnp.where(from_text, stats[..., NODE_STATS.index("logq")], node_logp)
+    chain_cum = stats[:, first_text:, NODE_STATS.index("cum_logq")]  # [B, K], from the root
+    hangs = from_text & tree.valid & (tree.parents < first_text)
+    at = jnp.max(jnp.where(hangs, tree.parents, 0), axis=1)  # [B]: the path's end (0: none)
+    pi = path_logp(node_logp, tree.parents, max_depth)
+    node = jnp.arange(n)[None, :]
+    raised, on_path = pi, jnp.zeros(pi.shape, bool)
+    for _ in range(max_depth):  # up the path, one node a sweep
+        here = (node == at[:, None]) & (at[:, None] > 0)
+        depth = jnp.take_along_axis(tree.depth, at[:, None], axis=1)
+        own = jnp.take_along_axis(chain_cum, jnp.clip(depth - 1, 0, text_nodes - 1), axis=1)
+        raised = jnp.where(here, jnp.maximum(raised, own), raised)
+        on_path = on_path | here
+        at = jnp.maximum(jnp.take_along_axis(tree.parents, at[:, None], axis=1)[:, 0], 0)
+    parent_pi = jnp.take_along_axis(raised, jnp.maximum(tree.parents, 0), axis=1)
+    return jnp.where(on_path, raised - parent_pi, node_logp)
 
 
 def bucket_by_cost(keep, pi, live, buckets: tuple[int, ...], costs) -> jax.Array:

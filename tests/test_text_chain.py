@@ -50,6 +50,95 @@ def test_draft_text_chain_follows_a_brute_force():
             assert np.asarray(tokens[r, :n]).tolist() == want, (trial, r)
 
 
+def drafted_tree(tokens, parents, depth, valid=None, stats=None):
+    """A one-row DraftTree of the given node lists (node 0 the root)."""
+    from specjax.tree import DraftTree
+
+    n = len(tokens)
+    return DraftTree(
+        tokens=jnp.array([tokens], jnp.int32),
+        parents=jnp.array([parents], jnp.int32),
+        depth=jnp.array([depth], jnp.int32),
+        valid=jnp.array([valid if valid is not None else [True] * n]),
+        draft_prob=jnp.ones((1, n)),
+        node_stats=None if stats is None else jnp.asarray(stats)[None],
+    )
+
+
+def test_the_chain_hangs_from_the_drafter_node_that_already_spells_its_start():
+    """Where the drafter's tree spells the chain's first tokens, those chain nodes are not
+    verified again and the chain's next node hangs from the drafter's node (greedy takes the
+    deepest path either way; the one-hot rule tries the drafter's node first and would never
+    reach a duplicate chain's rest)."""
+    from specjax.drafters.feature import with_text_chain
+    from specjax.drafters.text_chain import shared_prefix
+
+    # root 5; children 8 (node 1) and 4 (node 2); 8's child 9 (node 3), 4's child 2 (node 4).
+    tree = drafted_tree([5, 8, 4, 9, 2], [-1, 0, 0, 1, 2], [0, 1, 1, 2, 2])
+    for chain, chain_valid, want in (
+        ([8, 9, 2], [True] * 3, (3, 2)),  # spelled down to node 3
+        ([8, 7, 2], [True] * 3, (1, 1)),
+        ([4, 2, 6], [True] * 3, (4, 2)),
+        ([8, 9, 2], [True, False, False], (1, 1)),  # an invalid chain node spells nothing
+        ([7, 9, 2], [True] * 3, (0, 0)),  # the chain leaves at the root
+    ):
+        anchor, shared = shared_prefix(
+            tree.tokens, tree.parents, tree.depth, tree.valid,
+            jnp.array([chain]), jnp.array([chain_valid]),
+        )  # fmt: skip
+        assert (int(anchor[0]), int(shared[0])) == want, (chain, chain_valid)
+    invalid = tree.replace(valid=jnp.array([[True, True, True, False, True]]))
+    anchor, shared = shared_prefix(
+        invalid.tokens, invalid.parents, invalid.depth, invalid.valid,
+        jnp.array([[8, 9, 2]]), jnp.ones((1, 3), bool),
+    )  # fmt: skip
+    assert (int(anchor[0]), int(shared[0])) == (1, 1)
+
+    # The committed text 5 8 9 2 6: after the root 5 the text drafts 8, 9, 2, 6.
+    rt = init_row_text(jnp.array([[5, 8, 9, 2, 6]]), jnp.array([5]), 32, 4, keep=True)
+    merged = with_text_chain(tree, rt, jnp.array([5]), 4, 1)
+    assert np.asarray(merged.tokens[0, 5:]).tolist() == [8, 9, 2, 6]
+    assert np.asarray(merged.valid[0, 5:]).tolist() == [False, False, True, True]
+    assert np.asarray(merged.parents[0, 5:]).tolist()[2:] == [3, 7]
+    assert np.asarray(merged.depth[0, 5:]).tolist() == [1, 2, 3, 4]
+
+
+def test_the_drafter_path_the_chain_spells_is_as_probable_as_the_chain_says():
+    """with_chain_evidence: the drafter's nodes on the path the chain also spells get at least
+    the chain's own path probability (its recorded cum_logq), the chain's nodes below read their
+    match, other nodes keep the network's conditional values, and path probabilities never grow
+    from parent to child (what bucket_by_cost's parent closure needs)."""
+    from specjax import pre_verify
+    from specjax.tree import NODE_STATS
+
+    logq, cum = NODE_STATS.index("logq"), NODE_STATS.index("cum_logq")
+    # Drafter: root, 8 (node 1), 9 (node 2, child of 1), 3 (node 3, child of 1). Chain of 3:
+    # nodes 4 and 5 spell 8 9 (not valid), node 6 hangs from node 2.
+    stats = np.zeros((7, len(NODE_STATS)), np.float32)
+    chain_logq = np.log([0.9, 0.8, 0.7])
+    stats[4:, logq] = chain_logq
+    stats[4:, cum] = np.cumsum(chain_logq)
+    tree = drafted_tree(
+        [5, 8, 9, 3, 8, 9, 4], [-1, 0, 1, 1, 0, 4, 2], [0, 1, 2, 2, 1, 2, 3],
+        valid=[True, True, True, True, False, False, True], stats=stats,
+    )  # fmt: skip
+    network = jnp.log(jnp.array([[1.0, 0.5, 0.95, 0.4, 0.1, 0.1, 0.1]]))
+    got = pre_verify.with_chain_evidence(tree, network, 3, 3)
+    pi = np.exp(np.asarray(pre_verify.path_logp(got, tree.parents, 3))[0])
+    np.testing.assert_allclose(pi[1], 0.9, rtol=1e-5)  # the chain's 0.9 beats the network's 0.5
+    np.testing.assert_allclose(pi[2], 0.72, rtol=1e-5)  # 0.9 * 0.8 beats 0.5 * 0.95
+    np.testing.assert_allclose(pi[3], 0.9 * 0.4, rtol=1e-5)  # the network's, below the raise
+    np.testing.assert_allclose(pi[6], 0.72 * 0.7, rtol=1e-5)  # the chain's own node
+    parents = np.asarray(tree.parents[0])
+    assert all(pi[i] <= pi[parents[i]] + 1e-6 for i in range(1, 7))
+    # Where the network is surer than the chain, its probability stays.
+    sure = jnp.log(jnp.array([[1.0, 0.99, 0.99, 0.4, 0.1, 0.1, 0.1]]))
+    pi = np.exp(np.asarray(pre_verify.path_logp(
+        pre_verify.with_chain_evidence(tree, sure, 3, 3), tree.parents, 3
+    ))[0])  # fmt: skip
+    np.testing.assert_allclose(pi[1:3], [0.99, 0.99**2], rtol=1e-5)
+
+
 @pytest.fixture(scope="module")
 def lively():
     return lively_llama(LIVELY, seed=1)

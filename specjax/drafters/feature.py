@@ -48,6 +48,7 @@ from specjax.drafters.text_chain import (
     commit_row_text,
     draft_text_chain,
     init_row_text,
+    shared_prefix,
 )
 from specjax.kernels import cpu_panels
 from specjax.models.drafter import DrafterNet, TargetParts, one_layer_weights, shift_right
@@ -369,7 +370,11 @@ class FeatureDrafter(nnx.Module):
 def with_text_chain(tree: DraftTree, row_text: RowText, root, k: int, min_match: int) -> DraftTree:
     """tree [B, N] with the text's chain of k nodes appended as one more branch of the root
     (nodes N .. N + k - 1, each the child of the one before; valid while the text's match is
-    at least min_match tokens long). Its tokens are deterministic (draft_prob 1, as for the
+    at least min_match tokens long). Where the drafter's tree already spells the chain's first
+    j tokens, those chain nodes are not valid and node N + j hangs from the drafter's node that
+    ends them (text_chain.shared_prefix): verifying them twice would cost nodes for nothing, and
+    under the one-hot rule the drafter's node, tried first, would leave the chain's rest
+    unreachable. Its tokens are deterministic (draft_prob 1, as for the
     drafter's top-k children under the one-hot rule); hidden states are zeros there. Recorded
     statistics: the node's log acceptance given its parent's by the match it was drafted from
     (text_chain.CHAIN_NODE_LOGP) as logq, their sum along the chain as cum_logq, the depth; the
@@ -378,8 +383,12 @@ def with_text_chain(tree: DraftTree, row_text: RowText, root, k: int, min_match:
     tokens, valid, matches = draft_text_chain(
         row_text, root, k, LONGEST, min_match, with_matches=True
     )
-    chain = jnp.arange(k, dtype=jnp.int32)
-    parents = jnp.broadcast_to(jnp.where(chain == 0, 0, n + chain - 1), (b, k))
+    anchor, shared = shared_prefix(tree.tokens, tree.parents, tree.depth, tree.valid, tokens, valid)
+    chain = jnp.arange(k, dtype=jnp.int32)[None, :]
+    valid = valid & (chain >= shared[:, None])
+    parents = jnp.where(
+        chain == shared[:, None], anchor[:, None], jnp.where(chain == 0, 0, n + chain - 1)
+    )
     depth = jnp.broadcast_to(chain + 1, (b, k))
 
     def pad(x):

@@ -126,6 +126,30 @@ def draft_text_chain(
     return out + (jnp.stack(matches, axis=1).astype(jnp.int32),) if with_matches else out
 
 
+def shared_prefix(tokens, parents, depth, valid, chain_tokens, chain_valid):
+    """(anchor [B], shared [B]): the deepest node of a drafted tree (tokens, parents, depth,
+    valid [B, N], node 0 the root) whose path from the root spells the chain's first `shared`
+    valid tokens (chain_tokens, chain_valid [B, K]); the root and 0 where none does. Siblings of
+    a top-k tree are distinct, so that node is unique."""
+    k = chain_tokens.shape[1]
+    slot = jnp.clip(depth - 1, 0, k - 1)
+    spells = (
+        valid
+        & (depth >= 1)
+        & (depth <= k)
+        & (tokens == jnp.take_along_axis(chain_tokens, slot, axis=1))
+        & jnp.take_along_axis(chain_valid, slot, axis=1)
+    )
+    is_root = jnp.arange(tokens.shape[1])[None, :] == 0
+    parent = jnp.maximum(parents, 0)
+    on = is_root
+    for _ in range(k):  # a node deeper than the chain spells none of it
+        on = is_root | (spells & jnp.take_along_axis(on, parent, axis=1))
+    reach = jnp.where(on, depth, -1)
+    anchor = jnp.argmax(reach, axis=1).astype(jnp.int32)
+    return anchor, jnp.max(reach, axis=1).astype(jnp.int32)
+
+
 def chain_node_logp(matches) -> jax.Array:
     """[B, K] log P(node accepted | the chain before it accepted) of chain nodes drafted from
     matches [B, K] tokens long (CHAIN_NODE_LOGP; matches of 0, no node, get the 1-token value)."""
