@@ -167,6 +167,16 @@ def test_bench_tiny_model_table_and_plots(tiny_target, tmp_path):
     assert rows[0].speedup == 1.0 and math.isnan(rows[3].greedy_equal)
     # Every row timed its compile and its runs (their sizes are not tested: timing varies).
     assert all(r.compile_s > 0 and min(r.runs_s) > 0 and r.tokens_per_s > 0 for r in rows), rows
+    # ... and each prompt in each repetition, adding up to the repetition's time.
+    for r in rows:
+        assert [len(t) for t in r.prompt_s] == [1, 1], r.prompt_s
+        assert sum(t[0] for t in r.prompt_s) == pytest.approx(r.runs_s[0], rel=0.1)
+        assert len(r.compile_in_runs_s) == 1, r.compile_in_runs_s
+    # A row whose timed repetitions compiled is named in the report, the others are not.
+    compiled = dataclasses.replace(rows[1], compile_in_runs_s=[3.0])
+    assert bench.compiles_in_runs(rows[:1]) == []
+    section = "\n".join(bench.compiles_in_runs([rows[0], compiled]))
+    assert compiled.method in section and "3.0 s" in section and rows[0].method not in section
 
     out = tmp_path / "bench.md"
     bench.write_markdown(rows, bench.device_header(dtype="float32"), out)

@@ -64,6 +64,7 @@ from specjax.bench.prompts import Dataset, Prompt, PromptSet
 from specjax.bench.report import (
     BENCH_TITLE,
     COLUMNS,
+    compiles_in_runs,
     format_row,
     header_settings,
     write_json,
@@ -111,6 +112,7 @@ __all__ = [
     "Target",
     "add_arguments",
     "bench",
+    "compiles_in_runs",
     "device_header",
     "encode_question",
     "explain_mismatch",

@@ -62,6 +62,11 @@ class Row:
     mismatches: list[str]
     accepted_hist: list[int] | None
     runs_s: list[float]
+    # Seconds of each prompt in each repetition ([prompt][repetition]): where a repetition's
+    # time went when runs_s differ.
+    prompt_s: list[list[float]] = dataclasses.field(default_factory=list)
+    # Seconds each repetition spent compiling (0 when the warm-up compiled everything).
+    compile_in_runs_s: list[float] = dataclasses.field(default_factory=list)
     chosen_tree: str = ""  # SpecConfig.auto() rows: what it chose and predicted
     predicted_tau: float = math.nan
     predicted_speedup: float = math.nan
@@ -259,6 +264,8 @@ def _rows(target, prompts, sampling, methods, runners, timings, log) -> list[Row
             mismatches=mismatches,
             accepted_hist=None if out.accepted_hist is None else out.accepted_hist.tolist(),
             runs_s=list(timing.runs_s),
+            prompt_s=[list(t) for t in runners[m.name].prompt_s],
+            compile_in_runs_s=list(runners[m.name].compile_in_runs_s),
         )
         if out.choice is not None:
             row.chosen_tree = str(out.choice["tree"])

@@ -114,6 +114,7 @@ def write_markdown(
     ]
     if costs:
         lines += cost_table(costs)
+    lines += compiles_in_runs(rows)
     predicted = [r for r in rows if not math.isnan(r.predicted_speedup)]
     if predicted:
         lines += [
@@ -181,6 +182,28 @@ def write_markdown(
     if notes:
         lines += ["", "## Notes", "", *(f"- {n}" for n in notes)]
     Path(path).write_text("\n".join(lines) + "\n")
+
+
+# Compile seconds inside a timed repetition worth a line in the report.
+COMPILE_NOTE_S = 0.5
+
+
+def compiles_in_runs(rows: Sequence[Row]) -> list[str]:
+    """A section naming the rows whose timed repetitions compiled (their times include it)."""
+    hit = [r for r in rows if max(r.compile_in_runs_s, default=0.0) > COMPILE_NOTE_S]
+    if not hit:
+        return []
+    lines = [
+        "## Compiles inside timed repetitions",
+        "",
+        "These rows compiled a program after their warm-up (seconds per repetition); their "
+        "times and speedups include it.",
+        "",
+    ]
+    for r in hit:
+        spent = ", ".join(f"{s:.1f}" for s in r.compile_in_runs_s)
+        lines.append(f"- {r.dataset} T={r.temperature:g} {r.method}: {spent} s")
+    return lines + [""]
 
 
 def later_half(per_prompt: Sequence[dict]) -> Sequence[dict]:

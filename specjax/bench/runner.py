@@ -16,6 +16,7 @@ import numpy as np
 from specjax.bench.methods import Method
 from specjax.bench.prompts import Prompt, PromptSet
 from specjax.cache import tree_reserve
+from specjax.programs import compile_seconds
 
 
 @dataclasses.dataclass
@@ -60,6 +61,10 @@ class Runner:
         self.prompts = prompts
         self.warm_s: float | None = None
         self.prompt_s: list[list[float]] = [[] for _ in prompts.prompts]  # [prompt][repetition]
+        # Seconds each timed repetition spent compiling (specjax.programs.compile_seconds): a
+        # program the warm-up did not compile, e.g. after another method's warm-up changed what
+        # a default call reads from disk. Not subtracted: it is reported beside the times.
+        self.compile_in_runs_s: list[float] = []
         self.outputs: list | None = None
 
     def warm_indices(self) -> list[int]:
@@ -76,10 +81,12 @@ class Runner:
             self.warm_s = time.perf_counter() - t0
             return
         outs = []
+        compiled = compile_seconds()
         for i, p in enumerate(self.prompts.prompts):
             t0 = time.perf_counter()
             outs.append(self.decode(i, p))
             self.prompt_s[i].append(time.perf_counter() - t0)
+        self.compile_in_runs_s.append(compile_seconds() - compiled)
         self.outputs = outs
 
     @property
