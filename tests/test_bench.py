@@ -398,3 +398,25 @@ def test_transformers_assisted_peer_stories(shared_dir):
     assert assisted.method == "HF assisted (llama2xs-279K)" and assisted.n_tokens == 16
     assert assisted.greedy_equal == 1.0 or all("near-tie" in m for m in assisted.mismatches)
     assert assisted.tau > 1.0
+
+
+def test_time_interleaved_settles_every_method_after_all_first_calls():
+    """A method with settle() gets it after every method's first call and before any timed run
+    (a later warm-up may make an earlier method compile again); its time counts as compile."""
+    from specjax.benchmark import time_interleaved
+
+    calls = []
+
+    class Method:
+        def __init__(self, name):
+            self.name = name
+
+        def __call__(self):
+            calls.append(self.name)
+
+        def settle(self):
+            calls.append(self.name + ".settle")
+
+    timings = time_interleaved({"a": Method("a"), "b": Method("b"), "c": lambda: None}, reps=2)
+    assert calls == ["a", "b", "a.settle", "b.settle", "a", "b", "a", "b"], calls
+    assert all(len(t.runs_s) == 2 for t in timings.values())

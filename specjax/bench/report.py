@@ -413,7 +413,8 @@ def header_settings(
         "temperatures": ", ".join(f"{t:g}" for t in temperatures)
         + " (T=0 greedy; T>0 samples with top-k and top-p off)",
         "tree budget (draft tokens per target call)": "; ".join(budgets) or "-",
-        "repetitions": f"{reps} interleaved (median, min-max), after one compile/warm-up call",
+        "repetitions": f"{reps} interleaved (median, min-max), after a compile/warm-up call and a "
+        "second warm-up pass once every method had its first",
     }
     if prompts:
         settings["prompts"] = "; ".join(prompts)
