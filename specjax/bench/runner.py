@@ -63,8 +63,8 @@ class Runner:
         self.warm_passes = 0
         self.prompt_s: list[list[float]] = [[] for _ in prompts.prompts]  # [prompt][repetition]
         # Seconds each timed repetition spent compiling (specjax.programs.compile_seconds): a
-        # program the warm-up did not compile, e.g. after another method's warm-up changed what
-        # a default call reads from disk. Not subtracted: it is reported beside the times.
+        # program the warm-up did not compile (default calls did, after later methods' warm-ups:
+        # NOTES.md, "Fifty-fifth session"). Not subtracted: it is reported beside the times.
         self.compile_in_runs_s: list[float] = []
         self.outputs: list | None = None
 
