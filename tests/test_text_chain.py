@@ -425,21 +425,15 @@ def test_a_cost_aware_pre_verifier_predicts_chain_nodes_by_their_match():
 
     from specjax import pre_verify
     from specjax.drafters.text_chain import CHAIN_NODE_LOGP, chain_node_logp
-    from specjax.tree import NODE_STATS, DraftTree
+    from specjax.tree import NODE_STATS
 
     matches = jnp.array([[8, 1]])  # first chain node from an 8-token match, second from 1
     logq = chain_node_logp(matches)
     np.testing.assert_allclose(np.asarray(logq[0]), [CHAIN_NODE_LOGP[-1], CHAIN_NODE_LOGP[0]])
-    stats = np.zeros((1, 4, len(NODE_STATS)), np.float32)
-    stats[0, 2:, 0] = np.asarray(logq[0])
-    tree = DraftTree(
-        tokens=jnp.array([[5, 6, 7, 8]]),
-        parents=jnp.array([[-1, 0, 0, 2]]),  # node 1 the drafter's, nodes 2-3 the chain
-        depth=jnp.array([[0, 1, 1, 2]]),
-        valid=jnp.ones((1, 4), bool),
-        draft_prob=jnp.ones((1, 4)),
-        node_stats=jnp.asarray(stats),
-    )
+    stats = np.zeros((4, len(NODE_STATS)), np.float32)
+    stats[2:, 0] = np.asarray(logq[0])
+    # node 1 the drafter's, nodes 2-3 the chain
+    tree = drafted_tree([5, 6, 7, 8], [-1, 0, 0, 2], [0, 1, 1, 2], stats=stats)
     cut = float(np.exp(CHAIN_NODE_LOGP[-1] + CHAIN_NODE_LOGP[0] / 2))  # between the two paths
     pv = random_pre_verifier(cut)
     live = jnp.ones((1,), bool)
