@@ -4,6 +4,7 @@ measurement and calibration modules that drive it."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import time
 
@@ -15,7 +16,7 @@ from specjax import adaptation, pre_verifier_local, programs
 from specjax.acceptance import mode_of
 from specjax.cache import tree_reserve
 from specjax.choice import call_context, call_prefill_seconds, resolve_auto
-from specjax.config import AutoSpecConfig, SamplingConfig, SpecConfig
+from specjax.config import AutoSpecConfig, SamplingConfig, SpecConfig, TreeConfig
 from specjax.decode import GenerateOutput, check_eos, check_sampling, generate, prepare_prompts
 from specjax.hispec import HiSpec, hispec_generate
 from specjax.hispec_choice import choose_hispec
@@ -73,8 +74,12 @@ def speculative_generate(
                               max_new_tokens)  # fmt: skip
     choice = programs.keep_compiled(choice, shape, max_new_tokens)
     prune = None
+    chosen_whole = choice.config.tree if choice.config is not None else None
+    runner = drafter  # the drafter the loop runs: a twin with a cost-aware pre-verifier, or it
     if choice.config is not None and sampling.greedy and verifier is None:
-        choice, prune = _with_pre_verifier(target, drafter, choice)
+        runner, choice = _cost_aware_candidate(target, drafter, choice, len(prompts))
+        if runner is drafter:
+            choice, prune = _with_pre_verifier(target, drafter, choice)
     prefill_s = call_prefill_seconds(target, len(prompts), width, verbose=config.verbose)
     choice = choice.for_call(new_tokens=max_new_tokens, prefill_seconds=prefill_s,
                              choose_seconds=time.perf_counter() - started)  # fmt: skip
@@ -92,9 +97,10 @@ def speculative_generate(
     # The fallback runs plain steps through the verifier; an early-exit verifier's "plain" step
     # would still run its levels, so it keeps the chosen tree throughout.
     chosen = choice.with_fallback() if config.fallback and verifier is None else choice.config
-    out = speculative_decode(target, drafter, prompts, config=_verified_where_drafted(chosen),
+    out = speculative_decode(target, runner, prompts, config=_verified_where_drafted(chosen),
                              verifier=verifier, **kwargs)  # fmt: skip
-    programs.record(shape, target, drafter, chosen.tree,
+    # The tree recorded as compiled is the one chosen: its cost-aware candidate follows from it.
+    programs.record(shape, target, drafter, chosen_whole,
                     programs.compile_seconds() - compiled_before)  # fmt: skip
     if adapting:
         adaptation.record(key, target, drafter, choice.profiles, chosen.tree, out.stats)
@@ -113,6 +119,52 @@ def _verified_where_drafted(config: SpecConfig) -> SpecConfig:
     if tree.text_chain and not tree.text_min_match:
         return dataclasses.replace(config, tree=tree.with_text_chain(tree.text_chain, 1))
     return config
+
+
+# What the default call verifies from when the drafter has a pre-verifier and the call is
+# greedy: the chosen feature-drafter tree, widened to at least dynamic(*COST_AWARE_TREE), with a
+# text chain of COST_AWARE_CHAIN nodes drafted from any match. The pre-verifier, set to this
+# machine's t(N) (pre_verifier_local.cost_aware), verifies each step the bucket of the most
+# probable nodes with the most expected tokens per second, so the wider candidate costs
+# verification only where it is expected to pay. Measured on a 2-core Xeon, MT-bench, 8 first
+# turns, 256 tokens (NOTES.md, "Fifty-sixth session"): the mdc cost-aware over (7,3,4) + 8
+# 1.88x / 1.93x, over (7,4,4) + 8 1.80x, (11,4,4) + 8 1.79x, (7,3,8) + 8 1.81x, (3,2,8) + 8
+# 1.88x, (5,3,4) + 8 1.90x, against its best whole tree (3,2,8) + 4 1.78x / 1.81x; the eagle
+# cost-aware over (7,4,4) + 8 2.06x against the default's whole tree 1.75x.
+COST_AWARE_TREE = (7, 3, 4)
+COST_AWARE_CHAIN = 8
+# Cost-aware twins of drafters, by (target, drafter, pre-verifier, batch, context): a repeated
+# call runs the same object, so its compiled loop is reused.
+_COST_AWARE: dict[tuple, tuple] = {}
+
+
+def _cost_aware_candidate(target, drafter, choice, batch: int):
+    """(the drafter to run, the choice) for a greedy default call whose choice is a feature
+    drafter's dynamic tree, when the drafter has a pre-verifier: a twin of the drafter whose
+    pre-verifier chooses each step's nodes by this machine's t(N) at the call's batch and the
+    choice's context, over the chosen tree widened as COST_AWARE_TREE / COST_AWARE_CHAIN say.
+    The choice keeps its predictions (the chosen tree's, whole) and names the tree it was
+    widened from (Choice.widened_from). Otherwise (drafter, choice) unchanged."""
+    pv = getattr(drafter, "pre_verifier", None)
+    tree = choice.config.tree
+    if pv is None or not tree.is_dynamic or not getattr(drafter, "text_chains", False):
+        return drafter, choice
+    nodes, depth, topk = COST_AWARE_TREE
+    wide = (
+        tree
+        if tree.budget >= nodes
+        else TreeConfig.dynamic(nodes, max(depth, tree.drafter_depth), topk)
+    )
+    wide = wide.with_text_chain(max(tree.text_chain, COST_AWARE_CHAIN), 1)
+    key = (id(target), id(drafter), id(pv), batch, choice.context)
+    if key not in _COST_AWARE:
+        twin = copy.copy(drafter)
+        if not pv.shape.costs:  # loaded with pre_verifier="costs": already cost-aware
+            twin.pre_verifier = pre_verifier_local.cost_aware(pv, target, batch=batch,
+                                                              context=choice.context)  # fmt: skip
+        _COST_AWARE[key] = (twin, target, drafter, pv)  # holding them keeps their ids unique
+    config = dataclasses.replace(choice.config, tree=wide, pre_verify=True)
+    return _COST_AWARE[key][0], dataclasses.replace(choice, config=config, widened_from=tree)
 
 
 def _with_pre_verifier(target, drafter, choice):

@@ -123,6 +123,10 @@ class Choice:
     # were timed), and whether specjax.programs kept a compiled one over the best.
     alternatives: tuple = dataclasses.field(default=(), compare=False, repr=False)
     kept_compiled: bool = False
+    # The tree chosen whole when the config verifies a wider candidate that a cost-aware
+    # pre-verifier prunes every step (specjax.api._cost_aware_candidate); the predictions are
+    # the chosen tree's.
+    widened_from: TreeConfig | None = None
 
     @property
     def step_speedup(self) -> float:
@@ -171,6 +175,9 @@ class Choice:
         if self.config is None:
             return "autoregressive"
         tree = self.config.tree
+        if self.widened_from is not None:
+            return (f"{tree_label(tree)} pre-verified by cost "
+                    f"(chosen whole: {tree_label(self.widened_from)})")  # fmt: skip
         return tree_label(tree) + (" pre-verified" if self.config_prunes else "")
 
     def stats(self) -> dict:

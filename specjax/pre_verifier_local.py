@@ -180,12 +180,15 @@ def pruning_gain(target, drafter, tree: TreeConfig, context: int | None = None):
     return result
 
 
-def cost_aware(pv, target, *, batch: int = 1):
+def cost_aware(pv, target, *, batch: int = 1, context: int | None = None):
     """The pre-verifier set to choose each step's node count by expected tokens per second
     under this machine's t(N) (PreVerifierConfig.costs; measured once, cached by
     specjax.autotune), at threshold 0: the kept nodes are the bucket's most probable ones.
-    t(N) is measured at `batch` rows; a call of other batches keeps these costs."""
+    t(N) is measured at `batch` rows and `context` (default autotune's); a call of other
+    batches keeps these costs."""
     nodes = (1, 2, 4, 8, 12, 16, 32)
-    costs = autotune.verify_costs(target, batch=batch, nodes=nodes, with_ar=False)
+    context = autotune.DEFAULT_CONTEXT if context is None else context
+    costs = autotune.verify_costs(target, batch=batch, context=context, nodes=nodes,
+                                  with_ar=False)  # fmt: skip
     table = tuple((int(n), float(s)) for n, s in zip(costs.nodes, costs.seconds, strict=True))
     return pv.with_settings(threshold=0.0, costs=table)

@@ -12,6 +12,7 @@ from test_pre_verifier import PROMPTS, random_pre_verifier, target  # noqa: F401
 import specjax
 from specjax import autotune, pre_verifier_local
 from specjax import pre_verifier_replay as pvr
+from specjax.choice import tree_label
 from specjax.config import SpecConfig, TreeConfig
 from specjax.models.pre_verifier import REPLAY, load_pre_verifier, save_pre_verifier
 from specjax.tree import NODE_STATS
@@ -231,3 +232,94 @@ def test_default_call_with_a_pre_verifier_stays_exact(tmp_path, monkeypatch, tar
     pruned = gain >= pre_verifier_local.MIN_GAIN
     assert out.stats["tree"].endswith(" pre-verified") == pruned, (out.stats["tree"], gain)
     assert drafter.pre_verifier.thresholds_source == "this machine"
+
+
+class _SteepCosts:
+    """t(N) = N ms at every count asked for: verifying fewer nodes always saves."""
+
+    def __init__(self, nodes):
+        self.nodes = tuple(nodes)
+        self.seconds = tuple(n * 1e-3 for n in self.nodes)
+
+    def t_verify(self, n):
+        return n * 1e-3
+
+
+@pytest.mark.slow
+def test_default_call_verifies_a_wider_tree_pruned_by_cost(tmp_path, monkeypatch, target):  # noqa: F811
+    """SpecConfig.auto() (greedy) with a feature drafter that has a pre-verifier: the loop runs
+    the chosen tree widened to at least api.COST_AWARE_TREE plus a text chain of
+    api.COST_AWARE_CHAIN from any match, on a twin of the drafter whose pre-verifier chooses
+    each step's nodes by t(N); output is generate's, the drafter itself is left as it was, and
+    a second call runs the same twin."""
+    from specjax import api
+
+    monkeypatch.setenv("SPECJAX_CACHE", str(tmp_path / "cache"))
+    real_verify = autotune.verify_costs
+    asked = []
+
+    def verify_costs(*a, **k):
+        if k.get("with_ar") is False:
+            asked.append(k)
+            return _SteepCosts(k["nodes"])
+        return real_verify(*a, **k)
+
+    monkeypatch.setattr(pre_verifier_local.autotune, "verify_costs", verify_costs)
+    drafter = make_drafter("eagle", target)
+    trained = random_pre_verifier(0.5)
+    drafter.pre_verifier = trained
+    auto = SpecConfig.auto(max_nodes=6, verbose=False, allow_autoregressive=False,
+                           timed_candidates=0, adapt=False)  # fmt: skip
+    ref = specjax.generate(target, PROMPTS, max_new_tokens=15)
+    out = specjax.speculative_generate(target, drafter, PROMPTS, max_new_tokens=15, config=auto)
+    np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
+    label = out.stats["tree"]
+    nodes, depth, topk = api.COST_AWARE_TREE
+    assert label.startswith(f"dynamic({nodes},") and "pre-verified by cost" in label, label
+    assert f"+text({api.COST_AWARE_CHAIN},m1)" in label, label
+    assert "(chosen whole: dynamic(" in label, label
+    # the costs were asked at the call's batch and the choice's context
+    assert asked and all(k["batch"] == len(PROMPTS) for k in asked)
+    verified = np.asarray(out.stats["verified_nodes"])
+    assert 0 < verified.max() < nodes + api.COST_AWARE_CHAIN, verified  # steep costs prune
+    assert drafter.pre_verifier is trained and not trained.shape.costs
+    twins = len(api._COST_AWARE)
+    again = specjax.speculative_generate(target, drafter, PROMPTS, max_new_tokens=15,
+                                         config=auto)  # fmt: skip
+    np.testing.assert_array_equal(np.asarray(again.tokens), np.asarray(ref.tokens))
+    assert len(api._COST_AWARE) == twins
+
+
+@pytest.mark.parametrize(
+    "chosen, widened",
+    [
+        (TreeConfig.dynamic(3, 2, 8).with_text_chain(4, 3), TreeConfig.dynamic(7, 3, 4)),
+        (TreeConfig.dynamic(4, 5, 2), TreeConfig.dynamic(7, 5, 4)),
+        (TreeConfig.dynamic(9, 4, 2).with_text_chain(12), TreeConfig.dynamic(9, 4, 2)),
+    ],
+)
+def test_the_default_candidate_widens_the_chosen_tree(chosen, widened, monkeypatch, target):  # noqa: F811
+    """_cost_aware_candidate: the chosen tree widened to at least COST_AWARE_TREE (a larger
+    one kept), a chain of at least COST_AWARE_CHAIN drafted from any match, verified on a twin
+    whose pre-verifier has the costs at the call's batch and the choice's context; the
+    predictions stay the chosen tree's; without a pre-verifier nothing changes."""
+    from specjax import api
+    from specjax.choice import Choice
+
+    asked = []
+    monkeypatch.setattr(pre_verifier_local.autotune, "verify_costs",
+                        lambda *a, **k: asked.append(k) or _SteepCosts(k["nodes"]))  # fmt: skip
+    drafter = make_drafter("eagle", target)
+    choice = Choice(SpecConfig(tree=chosen), 2.0, 1.0, 0.6, 1, context=64)
+    assert api._cost_aware_candidate(target, drafter, choice, 3) == (drafter, choice)
+    drafter.pre_verifier = random_pre_verifier(0.5)
+    twin, wide = api._cost_aware_candidate(target, drafter, choice, 3)
+    chain = max(chosen.text_chain, api.COST_AWARE_CHAIN)
+    assert wide.config.tree == widened.with_text_chain(chain, 1)
+    assert wide.config.pre_verify and wide.widened_from == chosen
+    assert (wide.predicted_tau, wide.seconds_per_step) == (2.0, 1.0)
+    assert twin is not drafter and drafter.pre_verifier.shape.costs == ()
+    assert twin.pre_verifier.shape.costs and twin.pre_verifier.threshold_for(8) == 0.0
+    assert [(k["batch"], k["context"]) for k in asked] == [(3, 64)]
+    assert api._cost_aware_candidate(target, drafter, choice, 3)[0] is twin  # reused
+    assert wide.tree_label().endswith(f"pre-verified by cost (chosen whole: {tree_label(chosen)})")
