@@ -53,7 +53,10 @@ def speculative_generate(
     call, its prefill included: Choice.predicted_speedup), predicted_step_speedup (of the
     decoding steps alone), prefill_s, choose_s (the seconds this call spent choosing) and
     acceptance_shift (how this process's earlier calls rescaled the drafter's acceptance
-    profile: specjax.adaptation); an explicit SpecConfig is used as given.
+    profile: specjax.adaptation); an explicit SpecConfig is used as given. A greedy default call
+    with a feature drafter that has a pre-verifier verifies the chosen tree widened, each step
+    pruned by this machine's costs (_cost_aware_candidate; stats tree then ends in
+    "pre-verified by cost (chosen whole: ...)", and the predictions are the chosen tree's).
 
     drafter may also be a specjax.hispec.HiSpec (load_drafter of an exit-heads directory): the
     three-level HiSpec loop runs with the settings of its checkpoint, or with an explicit
@@ -139,8 +142,8 @@ _COST_AWARE: dict[tuple, tuple] = {}
 
 
 def _cost_aware_candidate(target, drafter, choice, batch: int):
-    """(the drafter to run, the choice) for a greedy default call whose choice is a feature
-    drafter's dynamic tree, when the drafter has a pre-verifier: a twin of the drafter whose
+    """(the drafter to run, the choice) for a greedy default call of one row whose choice is a
+    feature drafter's dynamic tree, when the drafter has a pre-verifier: a twin of the drafter whose
     pre-verifier chooses each step's nodes by this machine's t(N) at the call's batch and the
     choice's context, over the chosen tree widened as COST_AWARE_TREE / COST_AWARE_CHAIN say.
     The choice keeps its predictions (the chosen tree's, whole) and names the tree it was
@@ -148,6 +151,8 @@ def _cost_aware_candidate(target, drafter, choice, batch: int):
     pv = getattr(drafter, "pre_verifier", None)
     tree = choice.config.tree
     if pv is None or not tree.is_dynamic or not getattr(drafter, "text_chains", False):
+        return drafter, choice
+    if batch != 1:  # measured at batch 1 only: batches keep the chosen tree (_with_pre_verifier)
         return drafter, choice
     nodes, depth, topk = COST_AWARE_TREE
     wide = (

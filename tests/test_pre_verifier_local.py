@@ -222,6 +222,9 @@ def test_default_call_with_a_pre_verifier_stays_exact(tmp_path, monkeypatch, tar
         lambda *a, **k: steep if k.get("with_ar") is False else real_verify(*a, **k),
     )  # fmt: skip
     drafter = make_drafter("eagle", target)
+    # A drafter that drafts no text chain: the default call then weighs trees without one,
+    # which the replay can price (a chosen chain leaves the replay out: pruning_gain).
+    drafter.text_chains = False
     drafter.pre_verifier = load_pre_verifier(folder)
     auto = SpecConfig.auto(max_nodes=8, verbose=False, allow_autoregressive=False,
                            timed_candidates=0, adapt=False)  # fmt: skip
@@ -270,22 +273,24 @@ def test_default_call_verifies_a_wider_tree_pruned_by_cost(tmp_path, monkeypatch
     drafter.pre_verifier = trained
     auto = SpecConfig.auto(max_nodes=6, verbose=False, allow_autoregressive=False,
                            timed_candidates=0, adapt=False)  # fmt: skip
-    ref = specjax.generate(target, PROMPTS, max_new_tokens=15)
-    out = specjax.speculative_generate(target, drafter, PROMPTS, max_new_tokens=15, config=auto)
+    prompt, other = PROMPTS[1:2], PROMPTS[:1]  # one row: batches keep the chosen tree
+    ref = specjax.generate(target, prompt, max_new_tokens=15)
+    out = specjax.speculative_generate(target, drafter, prompt, max_new_tokens=15, config=auto)
     np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
     label = out.stats["tree"]
     nodes, depth, topk = api.COST_AWARE_TREE
     assert label.startswith(f"dynamic({nodes},") and "pre-verified by cost" in label, label
     assert f"+text({api.COST_AWARE_CHAIN},m1)" in label, label
     assert "(chosen whole: dynamic(" in label, label
-    # the costs were asked at the call's batch and the choice's context
-    assert asked and all(k["batch"] == len(PROMPTS) for k in asked)
+    # the costs were asked at batch 1
+    assert asked and all(k["batch"] == 1 for k in asked)
     verified = np.asarray(out.stats["verified_nodes"])
     assert 0 < verified.max() < nodes + api.COST_AWARE_CHAIN, verified  # steep costs prune
     assert drafter.pre_verifier is trained and not trained.shape.costs
     twins = len(api._COST_AWARE)
-    again = specjax.speculative_generate(target, drafter, PROMPTS, max_new_tokens=15,
+    again = specjax.speculative_generate(target, drafter, other, max_new_tokens=15,
                                          config=auto)  # fmt: skip
+    ref = specjax.generate(target, other, max_new_tokens=15)
     np.testing.assert_array_equal(np.asarray(again.tokens), np.asarray(ref.tokens))
     assert len(api._COST_AWARE) == twins
 
@@ -301,8 +306,8 @@ def test_default_call_verifies_a_wider_tree_pruned_by_cost(tmp_path, monkeypatch
 def test_the_default_candidate_widens_the_chosen_tree(chosen, widened, monkeypatch, target):  # noqa: F811
     """_cost_aware_candidate: the chosen tree widened to at least COST_AWARE_TREE (a larger
     one kept), a chain of at least COST_AWARE_CHAIN drafted from any match, verified on a twin
-    whose pre-verifier has the costs at the call's batch and the choice's context; the
-    predictions stay the chosen tree's; without a pre-verifier nothing changes."""
+    whose pre-verifier has the costs at batch 1 and the choice's context; the predictions stay
+    the chosen tree's; without a pre-verifier, or for a batch of rows, nothing changes."""
     from specjax import api
     from specjax.choice import Choice
 
@@ -313,13 +318,14 @@ def test_the_default_candidate_widens_the_chosen_tree(chosen, widened, monkeypat
     choice = Choice(SpecConfig(tree=chosen), 2.0, 1.0, 0.6, 1, context=64)
     assert api._cost_aware_candidate(target, drafter, choice, 3) == (drafter, choice)
     drafter.pre_verifier = random_pre_verifier(0.5)
-    twin, wide = api._cost_aware_candidate(target, drafter, choice, 3)
+    assert api._cost_aware_candidate(target, drafter, choice, 3) == (drafter, choice)  # batch 3
+    twin, wide = api._cost_aware_candidate(target, drafter, choice, 1)
     chain = max(chosen.text_chain, api.COST_AWARE_CHAIN)
     assert wide.config.tree == widened.with_text_chain(chain, 1)
     assert wide.config.pre_verify and wide.widened_from == chosen
     assert (wide.predicted_tau, wide.seconds_per_step) == (2.0, 1.0)
     assert twin is not drafter and drafter.pre_verifier.shape.costs == ()
     assert twin.pre_verifier.shape.costs and twin.pre_verifier.threshold_for(8) == 0.0
-    assert [(k["batch"], k["context"]) for k in asked] == [(3, 64)]
-    assert api._cost_aware_candidate(target, drafter, choice, 3)[0] is twin  # reused
+    assert [(k["batch"], k["context"]) for k in asked] == [(1, 64)]
+    assert api._cost_aware_candidate(target, drafter, choice, 1)[0] is twin  # reused
     assert wide.tree_label().endswith(f"pre-verified by cost (chosen whole: {tree_label(chosen)})")
