@@ -133,7 +133,9 @@ def _verified_where_drafted(config: SpecConfig) -> SpecConfig:
 # turns, 256 tokens (NOTES.md, "Fifty-sixth session"): the mdc cost-aware over (7,3,4) + 8
 # 1.88x / 1.93x, over (7,4,4) + 8 1.80x, (11,4,4) + 8 1.79x, (7,3,8) + 8 1.81x, (3,2,8) + 8
 # 1.88x, (5,3,4) + 8 1.90x, against its best whole tree (3,2,8) + 4 1.78x / 1.81x; the eagle
-# cost-aware over (7,4,4) + 8 2.06x against the default's whole tree 1.75x.
+# over (7,3,4) + 8 2.12x, over (7,4,4) + 8 2.06x. The default call so, MT-bench / qa
+# (experiments/results/pacer.md): eagle 2.09x / 2.35x against 1.89x / 2.00x choosing whole
+# trees alone, mdc 1.85x / 2.12x against 1.80x / 1.97x.
 COST_AWARE_TREE = (7, 3, 4)
 COST_AWARE_CHAIN = 8
 # Cost-aware twins of drafters, by (target, drafter, pre-verifier, batch, context): a repeated
@@ -144,8 +146,8 @@ _COST_AWARE: dict[tuple, tuple] = {}
 def _cost_aware_candidate(target, drafter, choice, batch: int):
     """(the drafter to run, the choice) for a greedy default call of one row whose choice is a
     feature drafter's dynamic tree, when the drafter has a pre-verifier: a twin of the drafter whose
-    pre-verifier chooses each step's nodes by this machine's t(N) at the call's batch and the
-    choice's context, over the chosen tree widened as COST_AWARE_TREE / COST_AWARE_CHAIN say.
+    pre-verifier chooses each step's nodes by this machine's t(N) at batch 1 and the choice's
+    context, over the chosen tree widened as COST_AWARE_TREE / COST_AWARE_CHAIN say.
     The choice keeps its predictions (the chosen tree's, whole) and names the tree it was
     widened from (Choice.widened_from). Otherwise (drafter, choice) unchanged."""
     pv = getattr(drafter, "pre_verifier", None)
