@@ -77,7 +77,6 @@ def speculative_generate(
                               max_new_tokens)  # fmt: skip
     choice = programs.keep_compiled(choice, shape, max_new_tokens)
     prune = None
-    chosen_whole = choice.config.tree if choice.config is not None else None
     runner = drafter  # the drafter the loop runs: a twin with a cost-aware pre-verifier, or it
     if choice.config is not None and sampling.greedy and verifier is None:
         runner, choice = _cost_aware_candidate(target, drafter, choice, len(prompts))
@@ -103,7 +102,7 @@ def speculative_generate(
     out = speculative_decode(target, runner, prompts, config=_verified_where_drafted(chosen),
                              verifier=verifier, **kwargs)  # fmt: skip
     # The tree recorded as compiled is the one chosen: its cost-aware candidate follows from it.
-    programs.record(shape, target, drafter, chosen_whole,
+    programs.record(shape, target, drafter, choice.widened_from or chosen.tree,
                     programs.compile_seconds() - compiled_before)  # fmt: skip
     if adapting:
         adaptation.record(key, target, drafter, choice.profiles, chosen.tree, out.stats)

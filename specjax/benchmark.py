@@ -39,10 +39,9 @@ def time_interleaved(methods: dict[str, Callable[[], object]], reps: int = 3) ->
 
     Each callable must block until its result is ready (or return arrays; they are waited on).
     A method with a `settle()` is called once more after every method's first call (added to
-    its compile_s): a later method's first call can change what an earlier one compiles (as
-    measured for SpecConfig.auto() calls sharing a drafter with later methods; state such as a
-    pre-verifier's thresholds or costs written to disk is chosen on first use), and that
-    compile belongs before the timed runs.
+    its compile_s): SpecConfig.auto() calls sharing a drafter with later methods were measured
+    compiling again in their first timed run after the later methods' first calls (the cause
+    was not isolated), and such a compile belongs before the timed runs.
     """
     timings = {}
     for name, fn in methods.items():

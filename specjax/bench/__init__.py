@@ -21,10 +21,10 @@ What one run measures, per (target, dataset, temperature, method):
   speculative peer (assisted generation or prompt-lookup decoding) on the same weights.
 - compile s: a warm-up call before the repetitions decodes one prompt per padded prompt width
   (which compiles every program the set needs); its time minus those prompts' median compiled
-  time. A second pass over the same prompts follows once every method has warmed up (later
-  methods' warm-ups made default calls compile again in their first timed repetition), counted
-  here too; a timed repetition that still compiled is named in the report. transformers has
-  nothing to compile; its warm-up decodes the first prompt.
+  time. A second pass over the same prompts follows once every method has warmed up (default
+  calls were measured compiling again in their first timed repetition, after later methods'
+  warm-ups), counted here too; a timed repetition that still compiled is named in the report.
+  transformers has nothing to compile; its warm-up decodes the first prompt.
 - greedy = AR: at temperature 0, the fraction of prompts whose output equals specjax
   autoregressive decoding token for token. Every mismatch is explained: the first differing
   position and the target's log-probability gap between the two candidate tokens there (a gap
