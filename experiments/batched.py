@@ -8,6 +8,9 @@ process. Writes experiments/results/batched.md.
     python experiments/batched.py --target stories260K --batches 16 --max-new-tokens 256 \
         --spec-tree 7,3,4 --no-hf --baselines "no compaction" --out DIR/batched_stories.md
             # rows that end at EOS at different times: what finished-row compaction saves
+    python experiments/batched.py --batches 2 4 8 --max-new-tokens 128 --no-hf --baselines \
+        --cost-aware --out experiments/results/batched_cost_aware.md
+            # the default call's cost-aware candidate (run at batch 1 only) at batches
 
 Prompts: the first B MT-bench first turns (80 exist; B > 80 repeats them) in the chat template,
 ragged (left-padded for transformers), every row stopping at EOS. Throughput = generated tokens
@@ -99,6 +102,13 @@ def main(argv=None) -> int:
         help="also time speculative_generate with this dynamic tree (budget,depth,topk, e.g. "
         "7,3,4), with and without finished-row compaction",
     )
+    parser.add_argument(
+        "--cost-aware",
+        action="store_true",
+        help="also time the default call with its cost-aware candidate (api._cost_aware_candidate: "
+        "the chosen tree widened, pruned each step by t(N) at the batch), which the library runs "
+        "at batch 1 only",
+    )
     parser.add_argument("--out", default=str(RESULTS / "batched.md"))
     args = parser.parse_args(argv)
 
@@ -179,6 +189,18 @@ def main(argv=None) -> int:
             config=specjax.SpecConfig.auto(adapt=False),
         )  # fmt: skip
         return jax.block_until_ready(out)
+
+    def run_spec_cost_aware(prompts):
+        """The default call with api.COST_AWARE_MAX_BATCH raised to this batch: the eagle's
+        chosen tree widened and pruned each step by its pre-verifier under t(N) measured at B
+        rows (read in Python before tracing, so no fresh jit is needed)."""
+        from specjax import api
+
+        saved, api.COST_AWARE_MAX_BATCH = api.COST_AWARE_MAX_BATCH, len(prompts)
+        try:
+            return run_spec(prompts)
+        finally:
+            api.COST_AWARE_MAX_BATCH = saved
 
     def spec_fixed(tree, compact: bool):
         """speculative_generate with an explicit tree; compact=False: the same program traced
@@ -268,6 +290,8 @@ def main(argv=None) -> int:
             methods[f"specjax generate, {name}"] = generate_without(*BASELINES[name])
         if not args.no_spec:
             methods["specjax speculative (auto, eagle)"] = run_spec
+        if args.cost_aware:
+            methods["specjax speculative (auto, eagle, cost-aware candidate)"] = run_spec_cost_aware
         if args.spec_tree:
             tree = specjax.TreeConfig.dynamic(*map(int, args.spec_tree.split(",")))
             label = f"specjax speculative (eagle, dynamic({args.spec_tree}))"

@@ -137,23 +137,28 @@ def _verified_where_drafted(config: SpecConfig) -> SpecConfig:
 # trees alone, mdc 1.85x / 2.12x against 1.80x / 1.97x.
 COST_AWARE_TREE = (7, 3, 4)
 COST_AWARE_CHAIN = 8
+# The largest batch that runs the candidate; larger batches keep the chosen tree
+# (_with_pre_verifier). Timed by `experiments/batched.py --cost-aware`, which raises it (2-core
+# Xeon, eagle, the first B MT-bench first turns, 128 tokens; results/batched_cost_aware.md): the
+# candidate ran 1.00x / 0.92x / 0.86x the speed of the chosen tree at B = 2 / 4 / 8.
+COST_AWARE_MAX_BATCH = 1
 # Cost-aware twins of drafters, by (target, drafter, pre-verifier, batch, context): a repeated
 # call runs the same object, so its compiled loop is reused.
 _COST_AWARE: dict[tuple, tuple] = {}
 
 
 def _cost_aware_candidate(target, drafter, choice, batch: int):
-    """(the drafter to run, the choice) for a greedy default call of one row whose choice is a
-    feature drafter's dynamic tree, when the drafter has a pre-verifier: a twin of the drafter whose
-    pre-verifier chooses each step's nodes by this machine's t(N) at batch 1 and the choice's
-    context, over the chosen tree widened as COST_AWARE_TREE / COST_AWARE_CHAIN say.
-    The choice keeps its predictions (the chosen tree's, whole) and names the tree it was
-    widened from (Choice.widened_from). Otherwise (drafter, choice) unchanged."""
+    """(the drafter to run, the choice) for a greedy default call of at most COST_AWARE_MAX_BATCH
+    rows whose choice is a feature drafter's dynamic tree, when the drafter has a pre-verifier: a
+    twin of the drafter whose pre-verifier chooses each step's nodes by this machine's t(N) at
+    the call's batch and the choice's context, over the chosen tree widened as COST_AWARE_TREE /
+    COST_AWARE_CHAIN say. The choice keeps its predictions (the chosen tree's, whole) and names
+    the tree it was widened from (Choice.widened_from). Otherwise (drafter, choice) unchanged."""
     pv = getattr(drafter, "pre_verifier", None)
     tree = choice.config.tree
     if pv is None or not tree.is_dynamic or not getattr(drafter, "text_chains", False):
         return drafter, choice
-    if batch != 1:  # measured at batch 1 only: batches keep the chosen tree (_with_pre_verifier)
+    if batch > COST_AWARE_MAX_BATCH:
         return drafter, choice
     nodes, depth, topk = COST_AWARE_TREE
     wide = (

@@ -307,7 +307,8 @@ def test_the_default_candidate_widens_the_chosen_tree(chosen, widened, monkeypat
     """_cost_aware_candidate: the chosen tree widened to at least COST_AWARE_TREE (a larger
     one kept), a chain of at least COST_AWARE_CHAIN drafted from any match, verified on a twin
     whose pre-verifier has the costs at batch 1 and the choice's context; the predictions stay
-    the chosen tree's; without a pre-verifier, or for a batch of rows, nothing changes."""
+    the chosen tree's; without a pre-verifier, or for a batch of rows over
+    COST_AWARE_MAX_BATCH, nothing changes."""
     from specjax import api
     from specjax.choice import Choice
 
@@ -329,3 +330,8 @@ def test_the_default_candidate_widens_the_chosen_tree(chosen, widened, monkeypat
     assert [(k["batch"], k["context"]) for k in asked] == [(1, 64)]
     assert api._cost_aware_candidate(target, drafter, choice, 1)[0] is twin  # reused
     assert wide.tree_label().endswith(f"pre-verified by cost (chosen whole: {tree_label(chosen)})")
+    # Batches run it once allowed to (experiments/batched.py --cost-aware), priced at their size.
+    monkeypatch.setattr(api, "COST_AWARE_MAX_BATCH", 3)
+    batch_twin, batch_wide = api._cost_aware_candidate(target, drafter, choice, 3)
+    assert batch_twin is not twin and batch_wide.config == wide.config
+    assert [k["batch"] for k in asked] == [1, 3]
