@@ -139,8 +139,9 @@ COST_AWARE_TREE = (7, 3, 4)
 COST_AWARE_CHAIN = 8
 # The largest batch that runs the candidate; larger batches keep the chosen tree
 # (_with_pre_verifier). Timed by `experiments/batched.py --cost-aware`, which raises it (2-core
-# Xeon, eagle, the first B MT-bench first turns, 128 tokens; results/batched_cost_aware.md): the
-# candidate ran 1.00x / 0.92x / 0.86x the speed of the chosen tree at B = 2 / 4 / 8.
+# Xeon, eagle, the first B MT-bench first turns, 128 tokens,
+# experiments/results/batched_cost_aware.md): the candidate ran 1.00x / 0.92x / 0.86x the speed
+# of the chosen tree at B = 2 / 4 / 8.
 COST_AWARE_MAX_BATCH = 1
 # Cost-aware twins of drafters, by (target, drafter, pre-verifier, batch, context): a repeated
 # call runs the same object, so its compiled loop is reused.
