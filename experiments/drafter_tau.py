@@ -13,8 +13,9 @@ Every prompt is decoded with max_new_tokens new tokens in batches of 8 rows (row
 on each other, so batching does not change a row's tokens), tree 31 nodes / depth 6 / top-8.
 Per drafter and set: mean tau over prompts with a 95% interval (normal approximation,
 specjax.benchmark.mean_ci), the paired difference of the two drafters on the same prompts, the
-share of draft nodes served from reused hidden states (mdc) and the drafter's layer calls per
-step. Writes experiments/results/drafter_tau.md, and the per-prompt taus in drafter_tau.json.
+share of draft nodes served from reused hidden states (mdc), the drafter's layer calls per
+step and the acceptance at each depth of the tree. Writes experiments/results/drafter_tau.md,
+and the per-prompt taus (and each run's steps by accepted tokens) in drafter_tau.json.
 Cost on 2 CPU cores: ~20-27 min per drafter and temperature for 80 prompts; run it alone.
 """
 
@@ -30,6 +31,16 @@ import jax
 import numpy as np
 
 RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def depth_acceptance(accepted_hist) -> np.ndarray:
+    """[D] P(a step accepts at least d draft tokens | it accepted at least d - 1), d = 1..D, from
+    the steps counted by accepted draft tokens (accepted_hist [D + 1]); NaN where no step got
+    that far. Where two drafters' taus differ, this says at which depth."""
+    hist = np.asarray(accepted_hist, np.float64)
+    reached = np.cumsum(hist[::-1])[::-1]  # reached[d]: steps that accepted at least d tokens
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return reached[1:] / reached[:-1]
 
 
 def main(argv=None) -> int:
@@ -136,6 +147,24 @@ def main(argv=None) -> int:
             f"| {set_name} | {temperature:g} | {name} | {n} | {taus.mean():.3f} ± "
             f"{mean_ci(taus)[1]:.3f} | {reused} | {calls} |"
         )
+    decoded = [r for r in rows if "accepted_hist" in r[5]]
+    if decoded:
+        depth = len(decoded[0][5]["accepted_hist"]) - 1
+        lines += [
+            "",
+            "Acceptance by depth: P(a step accepts at least d draft tokens | it accepted at least "
+            "d - 1), all steps of all prompts:",
+            "",
+            "| set | T | drafter | " + " | ".join(f"d={d}" for d in range(1, depth + 1)) + " |",
+            "|---|---|---|" + "---|" * depth,
+        ]
+        for set_name, temperature, name, _, _, stats in decoded:
+            rates = depth_acceptance(stats["accepted_hist"])
+            lines.append(
+                f"| {set_name} | {temperature:g} | {name} | "
+                + " | ".join("-" if np.isnan(r) else f"{r:.3f}" for r in rates)
+                + " |"
+            )
     names = list(drafters) + ([args.baseline_name] if baseline is not None else [])
     if len(args.sets) > 1:
         lines += ["", "All sets together (every prompt weighs the same):", ""]
@@ -171,6 +200,9 @@ def main(argv=None) -> int:
     per_prompt_json = {
         f"{s}|{t:g}|{n}": [float(x) for x in taus] for (s, t, n), taus in per_prompt.items()
     }
+    for set_name, temperature, name, _, _, stats in decoded:
+        key = f"accepted_hist|{set_name}|{temperature:g}|{name}"
+        per_prompt_json[key] = [int(x) for x in stats["accepted_hist"]]
     Path(args.out).with_suffix(".json").write_text(json.dumps(per_prompt_json, indent=1) + "\n")
     print(f"wrote {args.out}")
     return 0

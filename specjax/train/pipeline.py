@@ -54,8 +54,8 @@ def measure_tau(
     batch: int = 8,
 ) -> dict:
     """Mean tau (tokens per target call) over prompts, decoded `batch` rows at a time ("tau"; the
-    per-prompt values in "taus"), plus the reuse statistics summed over rows when the drafter
-    reports them."""
+    per-prompt values in "taus"), plus the steps by accepted draft tokens ("accepted_hist" [P],
+    P = tree depth + 1) and the reuse statistics, summed over rows, where the run reports them."""
     import specjax
 
     taus, extra = [], {}
@@ -71,6 +71,9 @@ def measure_tau(
             eos_id=eos_id,
         )
         taus += np.asarray(out.stats["tau"]).tolist()
+        if "accepted_hist" in out.stats:
+            hist = np.asarray(out.stats["accepted_hist"]).sum(axis=0)
+            extra["accepted_hist"] = extra.get("accepted_hist", 0) + hist
         for k in ("drafted", "reused", "chain_calls", "target_calls"):
             if k in out.stats:
                 extra[k] = extra.get(k, 0) + int(np.sum(out.stats[k]))
