@@ -66,9 +66,9 @@ SMOLLM2_CLEAN_EXTRA = (("smollm2-broad", 19), ("smollm2-tasks", 57))
 # (drafter_tau_eagle_data2_tasks.md), so it ships on this data.
 SMOLLM2_DATA2_SHARDS = 64
 SMOLLM2_DATA2_EXTRA = (("smollm2-broad", 64), ("smollm2-tasks", 64))
-# name -> (shards of smollm2-synthetic, extra answer sets with their shard counts)
 # The mdc on the same data and steps: MT-bench tau 2.661 +- 0.135 against 2.433 for the recipe
 # before (SMOLLM2_SHARDS, SMOLLM2_CLEAN_EXTRA at 4800 steps; drafter_tau_mdc_data2.md).
+# name -> (shards of smollm2-synthetic, extra answer sets with their shard counts)
 SMOLLM2_DATA = {
     "smollm2-eagle": (SMOLLM2_DATA2_SHARDS, SMOLLM2_DATA2_EXTRA),
     "smollm2-mdc": (SMOLLM2_DATA2_SHARDS, SMOLLM2_DATA2_EXTRA),
