@@ -143,7 +143,7 @@ def agreement(model, net, shard: dict, levels: int, rows: int = 8) -> dict:
 
 def _agreement_counts(model, net, shard: dict, levels: int) -> dict:
     """Counts behind `agreement` for one chunk of sequences."""
-    from specjax.models.drafter import shift_right, target_parts, unrolled_outputs
+    from specjax.models.drafter import path_ancestors, target_parts, unrolled_outputs
 
     width = -(-int(shard["lengths"].max()) // 64) * 64
     ids = jnp.asarray(shard["tokens"][:, :width])
@@ -160,7 +160,7 @@ def _agreement_counts(model, net, shard: dict, levels: int) -> dict:
         "covered": int(np.isin(target_top[answer], vocab).sum()),
     }
     for k, out in enumerate(outs):
-        logits = net.logits(parts, out, emb, shift_right(emb, 1))
+        logits = net.logits(parts, out, emb, path_ancestors(emb, net.config.path_tokens - 1))
         top = vocab[np.asarray(jax.lax.top_k(logits, TOPK)[1])]
         valid = answer & (pos >= k)
         counts[f"valid_{k}"] = int(valid.sum())

@@ -33,20 +33,21 @@ from specjax.train.data import Dataset
 from specjax.train.trainer import TrainConfig, train
 
 KINDS = {"mdc": HiddenStateDrafter, "eagle": EagleDrafter}
-# "mdc2": the hidden-state drafter injecting the parent and the grandparent token; "-fused": the
-# drafter reads the target's layer 1 fused into its last hidden state (EAGLE-3's fusion).
-VARIANTS = ["mdc", "mdc2", "eagle"]
+# "mdc2": the hidden-state drafter injecting the parent and the grandparent token ("mdc4": and two
+# more ancestors); "-fused": the drafter reads the target's layer 1 fused into its last hidden
+# state (EAGLE-3's fusion).
+VARIANTS = ["mdc", "mdc2", "mdc4", "eagle"]
 
 
 def make_drafter(kind, target, seed=0, reuse=True, scale=1.0, fresh_slots=1):
-    """A random drafter of kind "mdc", "mdc2" or "eagle", optionally "-fused" (e.g.
+    """A random drafter of kind "mdc", "mdc2", "mdc4" or "eagle", optionally "-fused" (e.g.
     "mdc2-fused"; "-stale" for mdc's stale-plus-fresh logits); mdc recomputes
     only the root's slot (fresh_slots=1), so that shallow test trees still reuse much of the
     chain."""
     kind, stale = kind.removesuffix("-stale"), kind.endswith("-stale")
     kind, fused = kind.removesuffix("-fused"), kind.endswith("-fused")
-    path_tokens = 2 if kind == "mdc2" else 1
-    kind = kind.removesuffix("2")
+    path_tokens = int(kind[3:]) if kind[3:].isdigit() else 1
+    kind = kind.rstrip("0123456789")
     cfg = DrafterConfig(
         kind=kind,
         target=target.config,
@@ -62,6 +63,8 @@ def make_drafter(kind, target, seed=0, reuse=True, scale=1.0, fresh_slots=1):
     if kind == "mdc":  # a readout MLP that is not the identity
         down = net.readout_down
         down.set_value(jax.random.normal(jax.random.key(seed + 1), down.shape) / down.shape[0])
+        if path_tokens >= 3:  # far ancestors that count (their weight starts at zero)
+            net.far_norm.set_value(jnp.ones_like(net.far_norm[...]))
         return HiddenStateDrafter(
             net, target, reuse=reuse, fresh_slots=fresh_slots, stale_logits=stale
         )
@@ -105,6 +108,7 @@ def tiny_target():
         pytest.param("eagle", True, marks=pytest.mark.slow),
         pytest.param("mdc-fused", True, marks=pytest.mark.slow),
         pytest.param("mdc2", True, marks=pytest.mark.slow),
+        ("mdc4", True),
         pytest.param("mdc", False, marks=pytest.mark.slow),
         pytest.param("mdc2", False, marks=pytest.mark.slow),
         pytest.param("mdc-stale", True, marks=pytest.mark.slow),
@@ -188,6 +192,7 @@ def lossless_target():
         "mdc",
         "eagle",
         pytest.param("mdc2", marks=pytest.mark.slow),
+        pytest.param("mdc4", marks=pytest.mark.slow),
         pytest.param("eagle-fused", marks=pytest.mark.slow),
     ],
 )
@@ -218,12 +223,12 @@ def test_sampling_matches_target_distribution(lossless_target, kind, optimized_l
         assert int(np.sum(out.stats["reused"])) > 0.05 * int(np.sum(out.stats["drafted"]))
 
 
-# The default run keeps mdc2-fused (a hidden-state chain, two path tokens and the fusion); the
-# others run under `slow`.
+# The default run keeps mdc2-fused (a hidden-state chain, two path tokens and the fusion) and
+# mdc4 (ancestors beyond the grandparent); the others run under `slow`.
 @pytest.mark.parametrize(
     "kind",
     [
-        k if k == "mdc2-fused" else pytest.param(k, marks=pytest.mark.slow)
+        k if k in ("mdc2-fused", "mdc4") else pytest.param(k, marks=pytest.mark.slow)
         for k in [*VARIANTS, "eagle-fused", "mdc-fused", "mdc2-fused"]
     ],
 )
@@ -259,7 +264,9 @@ def test_drafting_follows_the_unrolled_training_forward(tiny_target, kind):
     outs = unrolled_outputs(drafter.net, parts, seq, feats, depth)
     emb = jnp.take(parts.embed, seq, axis=0)
     for k in range(depth):
-        logits = drafter.net.logits(parts, outs[k][:, n + k], emb[:, n + k], emb[:, n + k - 1])
+        j = n + k  # the parent's position; its ancestors sit before it, nearest first
+        ancestors = jnp.stack([emb[:, j - a] for a in range(1, 4)], axis=1)
+        logits = drafter.net.logits(parts, outs[k][:, j], emb[:, j], ancestors)
         assert int(jnp.argmax(logits[0])) == chain[k + 1], (k, chain)
 
 
@@ -311,7 +318,7 @@ def test_stale_logits_change_the_tree(tiny_target):
         HiddenStateDrafter(drafter.net, tiny_target, reuse=False, stale_logits=True)
 
 
-@pytest.mark.parametrize("kind", ["mdc", "mdc2", "eagle-fused"])
+@pytest.mark.parametrize("kind", ["mdc", "mdc2", "mdc4", "eagle-fused"])
 def test_checkpoint_round_trip(tmp_path, tiny_target, kind):
     drafter = make_drafter(kind, tiny_target, seed=7)
     save_drafter(
@@ -327,6 +334,19 @@ def test_checkpoint_round_trip(tmp_path, tiny_target, kind):
     loaded = load_drafter(tmp_path / "d", tiny_target)
     assert isinstance(loaded, KINDS[drafter.kind])
     assert loaded.feature_layers == ((1, 2) if kind.endswith("-fused") else (2,))
+
+
+def test_last_tokens_are_the_ancestors_the_readout_injects(tiny_target):
+    """The mdc state keeps the A = path_tokens - 1 tokens before the root: the prompt's last
+    ones at the start (-1 before a short prompt's start, read as a zero embedding like the
+    training's shift), then the last committed ones after each accepted path."""
+    drafter = make_drafter("mdc4", tiny_target)
+    prompts = jnp.asarray([[1, 2, 3, 0, 0], [4, 5, 6, 7, 8], [9, 0, 0, 0, 0]])
+    last = drafter._last_tokens(prompts, jnp.asarray([3, 5, 1]))
+    np.testing.assert_array_equal(last, [[1, 2, 3], [6, 7, 8], [-1, -1, 9]])
+    path = jnp.asarray([[10, 11, 12, 13], [20, 21, 22, 23], [30, 31, 32, 33]])  # slot 0: root
+    moved = drafter._advance_last_tokens(last, path, jnp.asarray([2, 0, 1]))
+    np.testing.assert_array_equal(moved, [[10, 11, 12], [7, 8, 20], [9, 30, 31]])
 
 
 def test_continuation_starts_from_the_saved_weights(tmp_path, tiny_target):
@@ -351,6 +371,30 @@ def test_continuation_starts_from_the_saved_weights(tmp_path, tiny_target):
     chex.assert_trees_all_close(net.canonical_params(), saved.canonical_params())
     with pytest.raises(ValueError, match="config differs"):
         start_from(fresh("mdc"), tmp_path / "d")
+    # An mdc widened from two path tokens to four starts as the saved drafter: the saved
+    # weights, and the far ancestors' weight at zero, so its logits are the saved one's.
+    two = make_drafter("mdc2", tiny_target, seed=8).net
+    save_drafter(two, tmp_path / "m2", target_name="tiny", dtype="float32", target=tiny_target)
+    vocab = np.arange(tiny_target.config.vocab_size)
+    cfg4 = DrafterConfig(kind="mdc", target=tiny_target.config, draft_vocab_size=len(vocab),
+                         path_tokens=4)  # fmt: skip
+    four = DrafterNet(cfg4, vocab, rngs=nnx.Rngs(3), target=tiny_target)
+    start_from(four, tmp_path / "m2")
+    saved_params = load_drafter_net(tmp_path / "m2").canonical_params()
+    widened = four.canonical_params()
+    chex.assert_trees_all_close({k: widened[k] for k in saved_params}, saved_params)
+    parts = target_parts(tiny_target, four.draft_vocab[...])
+    m = tiny_target.config.d_model
+    out, parent, anc = (jax.random.normal(jax.random.key(i), s) for i, s in
+                        enumerate([(2, m), (2, m), (2, 3, m)]))  # fmt: skip
+    chex.assert_trees_all_close(
+        four.logits(parts, out, parent, anc),
+        load_drafter_net(tmp_path / "m2").logits(parts, out, parent, anc),
+        atol=1e-5,
+    )
+    save_drafter(four, tmp_path / "m4", target_name="tiny", dtype="float32", target=tiny_target)
+    with pytest.raises(ValueError, match="config differs"):  # narrowing is no continuation
+        start_from(DrafterNet(two.config, vocab, rngs=nnx.Rngs(3)), tmp_path / "m4")
     # A folder that holds no drafter names itself before anything is loaded or distilled.
     from specjax.train.data import DistillConfig
     from specjax.train.pipeline import DrafterRecipe, train_drafter

@@ -67,8 +67,10 @@ class FeatureDrafterState:
     """cache: the drafter's one-layer KV cache [1, B, S, K, D], lengths = the target's (S the
     target's cache length plus the room its tree levels' keys take, tree_keys_in_cache).
     last_feature [B, M]: the feature the drafter read at position lengths - 1 (the target's
-    last hidden state, with the fused lower layers when the drafter fuses some); last_token [B]:
-    the token at that position (the root's parent, injected by mdc drafters with path_tokens 2).
+    last hidden state, with the fused lower layers when the drafter fuses some); last_tokens
+    [B, A]: the tokens at positions lengths - A .. lengths - 1 (the root's parent last; -1
+    before the sequence's start), the ancestors an mdc readout injects (A = its path_tokens - 1,
+    at least 1).
     tree_tokens [B, N]: the last proposed tree, its text chain included (commit reads the
     accepted tokens from it). row_text: the committed text (empty unless the tree has a text
     chain).
@@ -81,7 +83,7 @@ class FeatureDrafterState:
 
     cache: KVCache
     last_feature: jax.Array
-    last_token: jax.Array
+    last_tokens: jax.Array
     tree_tokens: jax.Array
     chain_h: jax.Array
     chain_k: jax.Array
@@ -219,7 +221,7 @@ class FeatureDrafter(nnx.Module):
         return FeatureDrafterState(
             cache=cache.replace(lengths=prompt_lens),
             last_feature=last.astype(jnp.float32),
-            last_token=jnp.take_along_axis(prompt_ids, (prompt_lens - 1)[:, None], axis=1)[:, 0],
+            last_tokens=self._last_tokens(prompt_ids, prompt_lens),
             tree_tokens=jnp.zeros((b, config.tree.num_nodes), jnp.int32),
             chain_h=jnp.zeros((b, slots, cfg.d_model), jnp.float32),
             chain_k=jnp.zeros((b, slots, cfg.n_kv_heads, cfg.head_dim), jnp.float32),
@@ -326,15 +328,34 @@ class FeatureDrafter(nnx.Module):
         state = state.replace(
             cache=cache.replace(lengths=cache.lengths + advance),
             last_feature=jnp.where(moving[:, None], last.astype(jnp.float32), state.last_feature),
-            last_token=jnp.where(
-                moving, jnp.take_along_axis(tokens, n_acc[:, None], axis=1)[:, 0], state.last_token
-            ),
+            last_tokens=jnp.where(
+                moving[:, None],
+                self._advance_last_tokens(state.last_tokens, tokens, n_acc),
+                state.last_tokens,
+            ),  # fmt: skip
             drafted=state.drafted + counted[:, 0],
             reused=state.reused + counted[:, 1],
             chain_calls=state.chain_calls + counted[:, 2],
             row_text=commit_row_text(state.row_text, tokens, advance),
         )
         return self._shift_chain(state, n_acc + 1, moving)
+
+    def _last_tokens(self, prompt_ids, prompt_lens) -> jax.Array:
+        """[B, A] the prompts' last A tokens (-1 before their start), A = path_tokens - 1 (at
+        least 1)."""
+        a = max(self.net.config.path_tokens - 1, 1)
+        pos = prompt_lens[:, None] - a + jnp.arange(a)[None, :]  # [B, A]
+        tokens = jnp.take_along_axis(prompt_ids, jnp.maximum(pos, 0), axis=1)
+        return jnp.where(pos >= 0, tokens, -1).astype(jnp.int32)
+
+    @staticmethod
+    def _advance_last_tokens(last_tokens, tokens, n_acc) -> jax.Array:
+        """[B, A] the last A tokens once the path tokens [B, P] (slot 0 the root) up to slot
+        n_acc [B] are committed after last_tokens [B, A]."""
+        a = last_tokens.shape[1]
+        joined = jnp.concatenate([last_tokens, tokens], axis=1)  # [B, A + P]
+        idx = n_acc[:, None] + 1 + jnp.arange(a)[None, :]  # slot n_acc sits at A + n_acc
+        return jnp.take_along_axis(joined, idx, axis=1)
 
     def stats(self, state: FeatureDrafterState) -> dict:
         return {
@@ -630,23 +651,32 @@ class HiddenStateDrafter(FeatureDrafter):
             parent = jnp.where(
                 (d == 0)[..., None], root_emb[:, None], jnp.take(parts.embed, vocab[tokens], 0)
             )
-            logp = self._draft_logp(net.logits(parts, hd, parent, st["grand"]), sampling)
+            anc = st["ancestors"]  # [B, W, A, M]
+            logp = self._draft_logp(net.logits(parts, hd, parent, anc), sampling)
             if self.stale_logits:
                 hs = jnp.take_along_axis(stale, d[..., None], axis=1)
-                logp_stale = self._draft_logp(net.logits(parts, hs, parent, st["grand"]), sampling)
+                logp_stale = self._draft_logp(net.logits(parts, hs, parent, anc), sampling)
                 both = jnp.take_along_axis(recomputed_stale, d, axis=1)[..., None]  # [B, W, 1]
                 mixed = jax.nn.log_softmax((logp + logp_stale) / 2, axis=-1)
                 logp = jnp.where(both, mixed, logp)
-            # The frontier node's token is its children's parent and its grandchildren's
-            # grandparent.
-            child = {"depth": d + 1, "grand": parent}
+            # The frontier node's token is its children's parent and their children's nearest
+            # ancestor.
+            child = {
+                "depth": d + 1,
+                "ancestors": jnp.concatenate([parent[..., None, :], anc[..., :-1, :]], axis=-2),
+            }
             if self.record_hidden:  # the chain slot every child at this level is read from
                 child["feat"] = hd
             return logp, child, chain
 
         root_state = {
             "depth": jnp.zeros((ctx.root.shape[0],), jnp.int32),
-            "grand": jnp.take(parts.embed, state.last_token, axis=0),
+            # The root's ancestors, nearest first (zero before the sequence's start).
+            "ancestors": jnp.where(
+                (state.last_tokens >= 0)[..., None],
+                jnp.take(parts.embed, jnp.maximum(state.last_tokens, 0), axis=0),
+                0.0,
+            )[:, ::-1],
         }
         if self.record_hidden:
             root_state["feat"] = jnp.zeros_like(state.chain_h[:, 0])

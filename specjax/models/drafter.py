@@ -75,6 +75,7 @@ MATRICES = (
     "fusion_fc",
     "info_proj",
     "grand_proj",
+    "far_proj",
     "inject",
     "readout_gate",
     "readout_up",
@@ -82,6 +83,8 @@ MATRICES = (
 )
 
 KINDS = ("mdc", "eagle")
+# The most path tokens an mdc readout injects (the parent and up to three of its ancestors).
+MAX_PATH_TOKENS = 4
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -89,9 +92,9 @@ class DrafterConfig:
     """kind: "mdc" | "eagle"; target: the target's ModelConfig (the drafter layer copies its
     shapes and RoPE); draft_vocab_size: U, the number of target tokens the drafter can propose;
     path_tokens (mdc): how many of a node's latest path tokens its readout injects, 1 = the
-    parent, 2 = the parent and the grandparent; fusion_layers: the lower target layers whose
-    hidden states are fused into the feature the drafter reads, besides the last one (EAGLE-3's
-    multi-layer fusion; () reads the last hidden state only)."""
+    parent, 2 = the parent and the grandparent, up to MAX_PATH_TOKENS; fusion_layers: the lower
+    target layers whose hidden states are fused into the feature the drafter reads, besides the
+    last one (EAGLE-3's multi-layer fusion; () reads the last hidden state only)."""
 
     kind: str
     target: ModelConfig
@@ -102,7 +105,7 @@ class DrafterConfig:
     def __post_init__(self):
         if self.kind not in KINDS:
             raise ValueError(f"unknown drafter kind {self.kind!r}; choose from {KINDS}")
-        allowed = (1, 2) if self.kind == "mdc" else (1,)
+        allowed = tuple(range(1, MAX_PATH_TOKENS + 1)) if self.kind == "mdc" else (1,)
         if self.path_tokens not in allowed:
             raise ValueError(
                 f"path_tokens must be in {allowed} for a {self.kind} drafter, "
@@ -235,11 +238,20 @@ class DrafterNet(nnx.Module):
                 jax.random.normal(rngs.params(), (m, m), jnp.float32) / jnp.sqrt(m)
             )
             self.info_norm = nnx.Param(jnp.full((m,), input_scale, jnp.float32))
-            if cfg.path_tokens == 2:
+            if cfg.path_tokens >= 2:
                 self.grand_proj = nnx.Param(
                     jax.random.normal(rngs.params(), (m, m), jnp.float32) / jnp.sqrt(m)
                 )
                 self.grand_norm = nnx.Param(jnp.full((m,), input_scale, jnp.float32))
+            if cfg.path_tokens >= 3:
+                # The ancestors above the grandparent enter through one projection of their
+                # concatenation, scaled by a norm weight that starts at zero: a drafter widened
+                # from a saved one with two path tokens (start_from) starts as that drafter.
+                far = (cfg.path_tokens - 2) * m
+                self.far_proj = nnx.Param(
+                    jax.random.normal(rngs.params(), (far, m), jnp.float32) / jnp.sqrt(far)
+                )
+                self.far_norm = nnx.Param(jnp.zeros((m,), jnp.float32))
             # The readout MLP mixes the chain's hidden state with the injected token (a linear
             # injection alone adds a token-dependent bias, a bigram at best). Its down projection
             # starts at zero, so training starts from the linear injection.
@@ -301,26 +313,34 @@ class DrafterNet(nnx.Module):
         parts: TargetParts,
         out: jax.Array,
         parent_emb: jax.Array,
-        grand_emb: jax.Array | None = None,
+        ancestor_emb: jax.Array | None = None,
     ) -> jax.Array:
-        """Draft logits [..., U] from a layer output (a predicted hidden state) out [..., M] and
-        the embeddings of the token it extends parent_emb [..., M] and of that token's parent
-        grand_emb [..., M] (used by mdc only, grand_emb when path_tokens == 2: eagle's outputs
-        already consumed those tokens)."""
+        """Draft logits [..., U] from a layer output (a predicted hidden state) out [..., M], the
+        embedding of the token it extends parent_emb [..., M] and those of that token's
+        ancestors ancestor_emb [..., A, M], nearest first (the grandparent, then its parent, ...;
+        zero where the path starts before the sequence). mdc only reads them, the parent and
+        config.path_tokens - 1 ancestors (A >= that): eagle's outputs already consumed them."""
         eps = self.config.target.norm_eps
         x = out
         if self.config.kind == "mdc":
             info = rms_norm(
                 self._dense(parent_emb.astype(jnp.float32), "info_proj"), self.info_norm[...], eps
             )
-            if self.config.path_tokens == 2:
-                if grand_emb is None:
-                    raise ValueError("this drafter injects two path tokens: pass grand_emb")
+            n_anc = self.config.path_tokens - 1
+            if n_anc:
+                if ancestor_emb is None or ancestor_emb.shape[-2] < n_anc:
+                    have = 0 if ancestor_emb is None else ancestor_emb.shape[-2]
+                    raise ValueError(
+                        f"this drafter injects {n_anc + 1} path tokens: pass ancestor_emb with "
+                        f"at least {n_anc} ancestors, got {have}"
+                    )
+                anc = ancestor_emb.astype(jnp.float32)
                 info = info + rms_norm(
-                    self._dense(grand_emb.astype(jnp.float32), "grand_proj"),
-                    self.grand_norm[...],
-                    eps,
+                    self._dense(anc[..., 0, :], "grand_proj"), self.grand_norm[...], eps
                 )
+            if n_anc >= 2:
+                far = anc[..., 1:n_anc, :].reshape(anc.shape[:-2] + (-1,))
+                info = info + rms_norm(self._dense(far, "far_proj"), self.far_norm[...], eps)
             x = self._dense(out, "inject") + info
             mlp = {
                 "w_gate": self._matrix("readout_gate"),
@@ -457,6 +477,14 @@ def shift_right(x: jax.Array, n: int) -> jax.Array:
         return x
     pad = [(0, 0), (n, 0)] + [(0, 0)] * (x.ndim - 2)
     return jnp.pad(x, pad)[:, : x.shape[1]]
+
+
+def path_ancestors(emb: jax.Array, n: int) -> jax.Array | None:
+    """The n tokens before each position, nearest first, as the readout reads a node's
+    ancestors: emb [B, T, M] -> [B, T, n, M] (zeros before the sequence's start; None for n 0)."""
+    if n == 0:
+        return None
+    return jnp.stack([shift_right(emb, a) for a in range(1, n + 1)], axis=2)
 
 
 def unrolled_outputs(

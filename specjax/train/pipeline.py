@@ -266,9 +266,16 @@ def choose_draft_vocab(data, size: int, vocab_size: int, eos_id, init_from=None)
 def start_from(net: DrafterNet, path: str | Path) -> None:
     """Set net's weights to those of the drafter saved at path (its config and draft vocabulary
     must equal net's: a continuation trains the same drafter further, so train_drafter builds
-    net with the saved vocabulary)."""
+    net with the saved vocabulary). One widening is allowed: an mdc net injecting more path
+    tokens than the saved one keeps its own initialisation of the extra ancestors' weights,
+    which starts at zero (DrafterNet), so it starts as the saved drafter."""
     saved = load_drafter_net(path)
-    if saved.config != net.config:
+    widened = saved.config.path_tokens >= 2 and net.config.path_tokens > saved.config.path_tokens
+    if widened:
+        comparable = dataclasses.replace(net.config, path_tokens=saved.config.path_tokens)
+    else:
+        comparable = net.config
+    if saved.config != comparable:
         raise ValueError(
             f"--init-from {path}: its drafter config differs from the recipe's "
             f"({saved.config} against {net.config})"

@@ -37,8 +37,8 @@ from specjax.models import precision
 from specjax.models.drafter import (
     DrafterNet,
     TargetParts,
+    path_ancestors,
     readout,
-    shift_right,
     unrolled_outputs,
 )
 from specjax.sharding import check_batch, check_mesh, place_rows, replicate
@@ -119,15 +119,15 @@ def drafter_loss(
     target_p = jax.nn.softmax(target_logits, axis=-1)
     target_top = jnp.argmax(target_logits, axis=-1)
     emb = jnp.take(parts.embed, tokens, axis=0)
-    # A node's grandparent is the token before its parent, at every level.
-    grand = shift_right(emb, 1)
+    # A node's ancestors are the tokens before its parent, at every level.
+    ancestors = path_ancestors(emb, net.config.path_tokens - 1)  # [B, T, A, M] or None
     outs = unrolled_outputs(net, parts, tokens, inputs, cfg.levels)
     total, metrics = 0.0, {}
     for k, out in enumerate(outs):
         valid = (answer & (pos >= k)).astype(jnp.float32)
         denom = jnp.maximum(valid.sum(), 1.0)
         out = pick(out)
-        logits = net.logits(parts, out, pick(emb), pick(grand))
+        logits = net.logits(parts, out, pick(emb), None if ancestors is None else pick(ancestors))
         ce = -jnp.sum(target_p * jax.nn.log_softmax(logits, axis=-1), axis=-1)
         reg = jnp.mean(smooth_l1((out - pick(feats)) / scale), axis=-1)
         level_loss = jnp.sum((ce + cfg.feature_weight * reg) * valid) / denom
