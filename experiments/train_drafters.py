@@ -86,7 +86,9 @@ CHAT_PRODUCTS = {"smollm2-eagle": "float32", "smollm2-mdc": "bfloat16"}
 
 # The mdc readout injects the parent and the grandparent token: on stories260K (400 steps, same
 # data) tau 4.84 against 4.64 with the parent only, unrolled-level agreement at levels 3/4
-# 0.631/0.605 against 0.585/0.535 (the EAGLE-style drafter: 4.68).
+# 0.631/0.605 against 0.585/0.535 (the EAGLE-style drafter: 4.68). Four (the shipped SmolLM2
+# mdc widened and continued 500 steps) changed MT-bench tau by -0.015 +- 0.025
+# (drafter_tau_mdc_path4.md), so it stays at two.
 PATH_TOKENS = {"mdc": 2, "eagle": 1}
 
 # EAGLE-3's multi-layer fusion (DrafterConfig.fusion_layers) where it measured better: stories260K

@@ -271,11 +271,8 @@ def start_from(net: DrafterNet, path: str | Path) -> None:
     which starts at zero (DrafterNet), so it starts as the saved drafter."""
     saved = load_drafter_net(path)
     widened = saved.config.path_tokens >= 2 and net.config.path_tokens > saved.config.path_tokens
-    if widened:
-        comparable = dataclasses.replace(net.config, path_tokens=saved.config.path_tokens)
-    else:
-        comparable = net.config
-    if saved.config != comparable:
+    path_tokens = saved.config.path_tokens if widened else net.config.path_tokens
+    if saved.config != dataclasses.replace(net.config, path_tokens=path_tokens):
         raise ValueError(
             f"--init-from {path}: its drafter config differs from the recipe's "
             f"({saved.config} against {net.config})"
