@@ -173,7 +173,9 @@ def main(argv=None) -> int:
         dev = shared_dir() / "data" / "tinystories_dev.txt"
         outside = spread(story_rows(loaded.tokenizer, dev, 0.0, 1.0), 150, 2)
         outside_name = "TinyStories dev (150 paragraphs)"
-        data_line = f"{n_train} paragraphs of data/tinystories_train_head.txt (first 90%)"
+        data_line = (
+            f"{n_train} paragraphs of $SPECJAX_SHARED/data/tinystories_train_head.txt (first 90%)"
+        )
 
     t0 = time.perf_counter()
     sets = {}
