@@ -15,7 +15,8 @@ Per drafter and set: mean tau over prompts with a 95% interval (normal approxima
 specjax.benchmark.mean_ci), the paired difference of the two drafters on the same prompts, the
 share of draft nodes served from reused hidden states (mdc), the drafter's layer calls per
 step and the acceptance at each depth of the tree. Writes experiments/results/drafter_tau.md,
-and the per-prompt taus (and each run's steps by accepted tokens) in drafter_tau.json.
+the per-prompt taus (and each run's steps by accepted tokens) in drafter_tau.json and the
+acceptance by depth as a plot, drafter_tau_depth.png (`--replot X.json` redraws it from a json).
 Cost on 2 CPU cores: ~20-27 min per drafter and temperature for 80 prompts; run it alone.
 """
 
@@ -41,6 +42,43 @@ def depth_acceptance(accepted_hist) -> np.ndarray:
     reached = np.cumsum(hist[::-1])[::-1]  # reached[d]: steps that accepted at least d tokens
     with np.errstate(invalid="ignore", divide="ignore"):
         return reached[1:] / reached[:-1]
+
+
+def plot_depth_acceptance(per_prompt_json: dict, png: Path) -> bool:
+    """Acceptance by depth (depth_acceptance) of every decoded drafter, one panel per set and
+    temperature, from a drafter_tau .json's "accepted_hist|SET|T|NAME" entries; written to png.
+    False (nothing written) when the json has no such entries."""
+    panels: dict[tuple[str, str], dict[str, np.ndarray]] = {}
+    for key, hist in per_prompt_json.items():
+        if key.startswith("accepted_hist|"):
+            _, set_name, temperature, name = key.split("|", 3)
+            panels.setdefault((set_name, temperature), {})[name] = depth_acceptance(hist)
+    if not panels:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.4 * len(panels), 3.2), squeeze=False)
+    for ax, ((set_name, temperature), curves) in zip(axes[0], sorted(panels.items()), strict=True):
+        for name, rates in sorted(curves.items()):
+            ax.plot(range(1, len(rates) + 1), rates, marker="o", label=name)
+        ax.set_title(f"{set_name}, T={temperature}", fontsize=9)
+        ax.set_xlabel("tree depth d")
+        ax.set_ylim(0, 1)
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("P(accept >= d | accepted >= d - 1)")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def depth_plot_path(out: Path) -> Path:
+    """The acceptance-by-depth plot beside a results file: X.md -> X_depth.png."""
+    return out.with_name(out.stem + "_depth.png")
 
 
 def main(argv=None) -> int:
@@ -76,7 +114,20 @@ def main(argv=None) -> int:
         "(greedy taus are deterministic; the prompts must be the same)",
     )
     parser.add_argument("--baseline-name", default="smollm2-eagle")
+    parser.add_argument(
+        "--replot",
+        default=None,
+        help="a drafter_tau .json: write its acceptance-by-depth plot beside it and stop "
+        "(nothing is decoded)",
+    )
     args = parser.parse_args(argv)
+    if args.replot:
+        json_path = Path(args.replot)
+        png = depth_plot_path(json_path)
+        if not plot_depth_acceptance(json.loads(json_path.read_text()), png):
+            raise SystemExit(f"error: {json_path} has no accepted_hist entries to plot")
+        print(f"wrote {png}")
+        return 0
     baseline = json.loads(Path(args.baseline).read_text()) if args.baseline else None
 
     t_start = time.perf_counter()
@@ -165,6 +216,7 @@ def main(argv=None) -> int:
                 + " | ".join("-" if np.isnan(r) else f"{r:.3f}" for r in rates)
                 + " |"
             )
+        lines += ["", f"![acceptance by depth]({depth_plot_path(Path(args.out)).name})"]
     names = list(drafters) + ([args.baseline_name] if baseline is not None else [])
     if len(args.sets) > 1:
         lines += ["", "All sets together (every prompt weighs the same):", ""]
@@ -204,6 +256,7 @@ def main(argv=None) -> int:
         key = f"accepted_hist|{set_name}|{temperature:g}|{name}"
         per_prompt_json[key] = [int(x) for x in stats["accepted_hist"]]
     Path(args.out).with_suffix(".json").write_text(json.dumps(per_prompt_json, indent=1) + "\n")
+    plot_depth_acceptance(per_prompt_json, depth_plot_path(Path(args.out)))
     print(f"wrote {args.out}")
     return 0
 
