@@ -45,7 +45,7 @@ def depth_acceptance(accepted_hist) -> np.ndarray:
 
 
 def plot_depth_acceptance(per_prompt_json: dict, png: Path) -> bool:
-    """Acceptance by depth (depth_acceptance) of every decoded drafter, one panel per set and
+    """Acceptance by depth (depth_acceptance) of every drafter, one panel per set and
     temperature, from a drafter_tau .json's "accepted_hist|SET|T|NAME" entries; written to png.
     False (nothing written) when the json has no such entries."""
     panels: dict[tuple[str, str], dict[str, np.ndarray]] = {}
@@ -165,7 +165,10 @@ def main(argv=None) -> int:
                 if len(taus) != len(prompts):
                     raise SystemExit(f"--baseline has {len(taus)} {set_name} prompts, not {args.n}")
                 per_prompt[(set_name, temperature, name)] = taus
-                rows.append((set_name, temperature, name, len(prompts), taus, {}))
+                # Its depth counts too, where the earlier run recorded them.
+                hist = baseline.get(f"accepted_hist|{set_name}|{temperature:g}|{name}")
+                depth_stats = {"accepted_hist": hist} if hist is not None else {}
+                rows.append((set_name, temperature, name, len(prompts), taus, depth_stats))
                 print(f"{set_name} T={temperature} {name}: tau {taus.mean():.3f} (baseline)")
             jax.clear_caches()  # one process, many compiled programs (see NOTES.md)
 
@@ -198,9 +201,9 @@ def main(argv=None) -> int:
             f"| {set_name} | {temperature:g} | {name} | {n} | {taus.mean():.3f} ± "
             f"{mean_ci(taus)[1]:.3f} | {reused} | {calls} |"
         )
-    decoded = [r for r in rows if "accepted_hist" in r[5]]
-    if decoded:
-        depth = len(decoded[0][5]["accepted_hist"]) - 1
+    with_depths = [r for r in rows if "accepted_hist" in r[5]]
+    if with_depths:
+        depth = len(with_depths[0][5]["accepted_hist"]) - 1
         lines += [
             "",
             "Acceptance by depth: P(a step accepts at least d draft tokens | it accepted at least "
@@ -209,7 +212,7 @@ def main(argv=None) -> int:
             "| set | T | drafter | " + " | ".join(f"d={d}" for d in range(1, depth + 1)) + " |",
             "|---|---|---|" + "---|" * depth,
         ]
-        for set_name, temperature, name, _, _, stats in decoded:
+        for set_name, temperature, name, _, _, stats in with_depths:
             rates = depth_acceptance(stats["accepted_hist"])
             lines.append(
                 f"| {set_name} | {temperature:g} | {name} | "
@@ -252,7 +255,7 @@ def main(argv=None) -> int:
     per_prompt_json = {
         f"{s}|{t:g}|{n}": [float(x) for x in taus] for (s, t, n), taus in per_prompt.items()
     }
-    for set_name, temperature, name, _, _, stats in decoded:
+    for set_name, temperature, name, _, _, stats in with_depths:
         key = f"accepted_hist|{set_name}|{temperature:g}|{name}"
         per_prompt_json[key] = [int(x) for x in stats["accepted_hist"]]
     Path(args.out).with_suffix(".json").write_text(json.dumps(per_prompt_json, indent=1) + "\n")
