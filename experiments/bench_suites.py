@@ -2,7 +2,7 @@
 and methods (the shipped drafters included). experiments/bench.py runs them, and `specjax bench`
 reads this file from a repository checkout (specjax.bench.load_suites).
 
-Sized for one reproducible CPU run of all suites at T=0 in under an hour (2 cores), transformers
+Sized for one reproducible CPU run of all suites at T=0 in about an hour (2 cores), transformers
 peer included; pass --n-prompts / --max-new-tokens / --datasets for other runs. SmolLM2 answers
 MT-bench turns with up to 256 new tokens, most of an answer's length: over 64 tokens each
 call's prefill, paid alike by every method, held the ratios down (1.29x against 1.73x for the
@@ -18,10 +18,12 @@ from specjax.paths import (
     LLAMA2XS,
     SMOLLM2,
     SMOLLM2_EAGLE,
+    SMOLLM2_HISPEC,
     SMOLLM2_MDC,
     SMOLLM2_NGRAM,
     STORIES260K,
     STORIES260K_EAGLE,
+    STORIES260K_HISPEC,
     STORIES260K_MDC,
     STORIES260K_NGRAM,
 )
@@ -47,6 +49,7 @@ SUITES = {
             Method(kind=SPEC, drafter=STORIES260K_EAGLE, auto=True),
             Method(kind=SPEC, drafter=STORIES260K_MDC, auto=True),
             Method(kind=SPEC, drafter=STORIES260K_NGRAM, auto=True),
+            Method(kind=SPEC, drafter=STORIES260K_HISPEC, auto=True),
             # What the default would run if it had to speculate (checks its predictions).
             Method(kind=SPEC, drafter=STORIES260K_EAGLE, auto=True, auto_fallback=False),
             Method(kind=SPEC, drafter=LLAMA2XS, tree=TreeConfig.chain(4)),
@@ -72,8 +75,21 @@ SUITES = {
             Method(kind=SPEC, drafter=SMOLLM2_EAGLE, auto=True),
             Method(kind=SPEC, drafter=SMOLLM2_MDC, auto=True),
             Method(kind=SPEC, drafter=SMOLLM2_NGRAM, auto=True),
+            # HiSpec's exit heads: the default call times the three levels against plain
+            # decoding on its first call and keeps the faster (specjax.hispec_choice).
+            Method(kind=SPEC, drafter=SMOLLM2_HISPEC, auto=True),
             Method(kind=SPEC, drafter=SMOLLM2_EAGLE, auto=True, auto_fallback=False),
             Method(kind=SPEC, drafter=SMOLLM2_MDC, auto=True, auto_fallback=False),
+            # HiSpec's three levels at its card's settings, as the default runs them when it
+            # decodes with them (experiments/hispec.py compares them with the single-level
+            # exit and the screened tree).
+            Method(
+                kind=SPEC,
+                drafter=SMOLLM2_HISPEC,
+                auto=True,
+                auto_fallback=False,
+                label="smollm2-hispec three levels (its card's draft length and buffer)",
+            ),
             Method(kind=SPEC, drafter=SMOLLM2_EAGLE, tree=FEATURE_TREE),
             Method(kind=HF_GENERATE),
             Method(kind=HF_LOOKUP),

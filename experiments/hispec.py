@@ -25,7 +25,13 @@ from bench_suites import FEATURE_TREE, SUITES
 
 from specjax.bench import AR, SPEC, Dataset, Method, main
 from specjax.config import TreeConfig
-from specjax.paths import SMOLLM2_EAGLE, STORIES260K_EAGLE, STORIES260K_MDC
+from specjax.paths import (
+    SMOLLM2_EAGLE,
+    SMOLLM2_HISPEC,
+    STORIES260K_EAGLE,
+    STORIES260K_HISPEC,
+    STORIES260K_MDC,
+)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SMALL_TREE = TreeConfig.dynamic(7, 3, 4)
@@ -80,17 +86,17 @@ def screening_methods(drafter, exit_heads, tree=FEATURE_TREE):
 HISPEC_SUITES = {
     "stories260K": dataclasses.replace(
         SUITES["stories260K"],
-        methods=methods((STORIES260K_EAGLE, STORIES260K_MDC), "checkpoints/stories260K-hispec"),
+        methods=methods((STORIES260K_EAGLE, STORIES260K_MDC), STORIES260K_HISPEC),
     ),
     "smollm2": dataclasses.replace(
         SUITES["smollm2"],
         datasets=(Dataset.named("mt_bench", 8, 64), Dataset.named("qa", 8, 64)),
-        methods=methods((SMOLLM2_EAGLE,), "checkpoints/smollm2-hispec"),
+        methods=methods((SMOLLM2_EAGLE,), SMOLLM2_HISPEC),
     ),
     "smollm2-screening": dataclasses.replace(
         SUITES["smollm2"],
         datasets=(Dataset.named("mt_bench", 8, 64),),
-        methods=screening_methods(SMOLLM2_EAGLE, "checkpoints/smollm2-hispec"),
+        methods=screening_methods(SMOLLM2_EAGLE, SMOLLM2_HISPEC),
     ),
 }
 

@@ -17,6 +17,9 @@ SMOLLM2_MDC = "checkpoints/smollm2-mdc"
 SMOLLM2_EAGLE = "checkpoints/smollm2-eagle"
 STORIES260K_MDC = "checkpoints/stories260K-mdc"
 STORIES260K_EAGLE = "checkpoints/stories260K-eagle"
+# Exit heads for HiSpec (experiments/train_exit_heads.py).
+SMOLLM2_HISPEC = "checkpoints/smollm2-hispec"
+STORIES260K_HISPEC = "checkpoints/stories260K-hispec"
 # n-gram tables of the target's own continuations (experiments/train_ngram_drafter.py).
 STORIES260K_NGRAM = "checkpoints/stories260K-ngram"
 SMOLLM2_NGRAM = "checkpoints/smollm2-ngram"

@@ -306,6 +306,25 @@ def test_adapting_default_warms_every_prompt_and_replays_its_shift(tiny_target, 
     tree = SpecjaxRunner(tiny_target, bench.parse_method("self:1"), "drafter", prompts,
                          specjax.SamplingConfig())  # fmt: skip
     assert tree.warm_indices() == [0]
+    # HiSpec's default call times itself once per kind of call and does not adapt: nothing to
+    # replay, and its three levels (auto-tree) report no acceptance shift.
+    from specjax.hispec import HiSpec
+
+    def levels_out(model, drafter, prompts, *, config, **kwargs):
+        seen.append(config.adapt)
+        return specjax.GenerateOutput(
+            tokens=np.zeros((1, 8), np.int32), lengths=np.array([8]),
+            stats={"intermediate_calls": np.array([3])},
+        )  # fmt: skip
+
+    monkeypatch.setattr(specjax, "speculative_generate", levels_out)
+    seen.clear()
+    levels = SpecjaxRunner(tiny_target, bench.parse_method("self:1@auto-tree"),
+                           object.__new__(HiSpec), prompts, specjax.SamplingConfig())  # fmt: skip
+    assert not levels.replays_shifts
+    levels()
+    levels()
+    assert seen == [True] * 6
 
 
 def test_explain_mismatch_points_at_the_first_difference(tiny_target):
@@ -420,3 +439,29 @@ def test_time_interleaved_settles_every_method_after_all_first_calls():
     timings = time_interleaved({"a": Method("a"), "b": Method("b"), "c": lambda: None}, reps=2)
     assert calls == ["a", "b", "a.settle", "b.settle", "a", "b", "a", "b"], calls
     assert all(len(t.runs_s) == 2 for t in timings.values())
+
+
+def test_held_in_calibration_leaves_hispec_to_its_own_probe(monkeypatch):
+    """The bench calibrates an acceptance profile for every default-call drafter before timing,
+    except HiSpec, whose default call times itself against plain decoding (hispec_choice) and
+    has no profile (calibrating one failed on its missing tree attributes)."""
+    import types
+
+    from specjax import calibration
+    from specjax.bench import harness
+    from specjax.hispec import HiSpec
+
+    hispec, feature_drafter = object.__new__(HiSpec), object()
+    calibrated = []
+    monkeypatch.setattr(calibration, "calibration_prompts", lambda *a: ())
+    monkeypatch.setattr(
+        calibration, "ensure_pair_profiles", lambda _model, d, *a, **k: calibrated.append(d)
+    )
+    methods = [
+        bench.Method(kind=bench.SPEC, drafter="exits", auto=True),
+        bench.Method(kind=bench.SPEC, drafter="features", auto=True),
+    ]
+    target = types.SimpleNamespace(model=None, tokenizer=None, eos_id=None)
+    drafters = {"exits": hispec, "features": feature_drafter}
+    harness._calibrate_held_in(target, methods, drafters, "chat", log=lambda _: None)
+    assert calibrated == [feature_drafter]

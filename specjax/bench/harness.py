@@ -142,8 +142,15 @@ def _calibrate_held_in(target, methods, drafters, kind, log) -> None:
     import functools
 
     from specjax.calibration import calibration_prompts, ensure_pair_profiles
+    from specjax.hispec import HiSpec
 
-    auto = {m.drafter for m in methods if m.kind == SPEC and m.auto}
+    # HiSpec's default call chooses by timing its own prompts (specjax.hispec_choice): it has
+    # no acceptance profile to calibrate.
+    auto = {
+        m.drafter
+        for m in methods
+        if m.kind == SPEC and m.auto and not isinstance(drafters[m.drafter], HiSpec)
+    }
     if not auto:
         return
     prompts_for = functools.cache(lambda: calibration_prompts(kind, target.model, target.tokenizer))

@@ -132,8 +132,16 @@ class SpecjaxRunner(Runner):
         """An adapting default call (AutoSpecConfig.adapt): the warm-up decodes every prompt in
         order, so each prompt's choice uses what the prompts before it measured (and compiles
         what it picks), and the timed calls replay each prompt's shift (stats acceptance_shift)
-        instead of adapting further on prompts already seen."""
-        return self.drafter is not None and self.method.auto and self.method.auto_adapts
+        instead of adapting further on prompts already seen. HiSpec's default call does not
+        adapt (it times itself once per kind of call: specjax.hispec_choice)."""
+        from specjax.hispec import HiSpec
+
+        return (
+            self.drafter is not None
+            and self.method.auto
+            and self.method.auto_adapts
+            and not isinstance(self.drafter, HiSpec)
+        )
 
     def warm_indices(self) -> list[int]:
         from specjax.decode import prepare_prompts
