@@ -7,7 +7,8 @@ budget, on more prompts than the timed comparison (experiments/drafters.py) can 
     python experiments/drafter_tau.py --drafter DIR --drafter DIR2   # other drafter directories
     python experiments/drafter_tau.py --sets qa sum gsm8k --temperatures 0   # and all three
     python experiments/drafter_tau.py --drafter DIR --baseline results/drafter_tau_X.json \
-        --baseline-name smollm2-eagle    # pair one new drafter with an earlier run's taus
+        --baseline-name smollm2-eagle --baseline-name smollm2-mdc  # pair a new drafter
+                                                  # with each of an earlier run's drafters
 
 Every prompt is decoded with max_new_tokens new tokens in batches of 8 rows (rows never depend
 on each other, so batching does not change a row's tokens), tree 31 nodes / depth 6 / top-8.
@@ -113,7 +114,12 @@ def main(argv=None) -> int:
         "temperatures and n are paired with this run's drafter instead of decoding again "
         "(greedy taus are deterministic; the prompts must be the same)",
     )
-    parser.add_argument("--baseline-name", default="smollm2-eagle")
+    parser.add_argument(
+        "--baseline-name",
+        action="append",
+        default=None,
+        help="a drafter of the --baseline json (repeatable; default smollm2-eagle)",
+    )
     parser.add_argument(
         "--replot",
         default=None,
@@ -129,6 +135,7 @@ def main(argv=None) -> int:
         print(f"wrote {png}")
         return 0
     baseline = json.loads(Path(args.baseline).read_text()) if args.baseline else None
+    baseline_names = (args.baseline_name or ["smollm2-eagle"]) if baseline is not None else []
 
     t_start = time.perf_counter()
     loaded = specjax.load(shared_path(SMOLLM2))
@@ -140,6 +147,8 @@ def main(argv=None) -> int:
         path, switches = split_drafter_switch(spec)
         switches = {**switches, "pre_verifier": False}
         name = Path(path).name + spec[len(path) :]
+        if name in baseline_names:  # e.g. a retrained smollm2-mdc against the shipped one
+            name = f"{Path(path).parent.name}/{name}"
         drafters[name] = load_drafter(path, loaded.model, **switches)
     rows, per_prompt = [], {}
     for set_name in args.sets:
@@ -159,8 +168,7 @@ def main(argv=None) -> int:
                 per_prompt[(set_name, temperature, name)] = taus
                 rows.append((set_name, temperature, name, len(prompts), taus, stats))
                 print(f"{set_name} T={temperature} {name}: tau {taus.mean():.3f}", flush=True)
-            if baseline is not None:
-                name = args.baseline_name
+            for name in baseline_names:
                 taus = np.asarray(baseline[f"{set_name}|{temperature:g}|{name}"])
                 if len(taus) != len(prompts):
                     raise SystemExit(f"--baseline has {len(taus)} {set_name} prompts, not {args.n}")
@@ -184,9 +192,8 @@ def main(argv=None) -> int:
         "categories (all 80 MT-bench questions at n = 80); chat template",
         f"- wall time: {(time.perf_counter() - t_start) / 60:.1f} min",
         *(
-            [f"- {args.baseline_name}: per-prompt taus read from {args.baseline} (not decoded)"]
-            if baseline is not None
-            else []
+            f"- {name}: per-prompt taus read from {args.baseline} (not decoded)"
+            for name in baseline_names
         ),
         "",
         "| set | T | drafter | prompts | tau (95% CI) | reused nodes | layer calls / step |",
@@ -220,7 +227,7 @@ def main(argv=None) -> int:
                 + " |"
             )
         lines += ["", f"![acceptance by depth]({depth_plot_path(Path(args.out)).name})"]
-    names = list(drafters) + ([args.baseline_name] if baseline is not None else [])
+    names = list(drafters) + baseline_names
     if len(args.sets) > 1:
         lines += ["", "All sets together (every prompt weighs the same):", ""]
         for temperature in args.temperatures:
@@ -230,8 +237,8 @@ def main(argv=None) -> int:
                     f"- {'+'.join(args.sets)} T={temperature:g} {name}: {x.mean():.3f} ± "
                     f"{mean_ci(x)[1]:.3f} ({len(x)} prompts)"
                 )
-    if len(names) == 2:
-        a, b = names
+    a = names[0]
+    for b in names[1:]:  # the first drafter against each of the others
         lines += [
             "",
             f"Paired difference {a} - {b} (same prompts, mean over prompts, 95% CI):",
