@@ -7,8 +7,8 @@ budget, on more prompts than the timed comparison (experiments/drafters.py) can 
     python experiments/drafter_tau.py --drafter DIR --drafter DIR2   # other drafter directories
     python experiments/drafter_tau.py --sets qa sum gsm8k --temperatures 0   # and all three
     python experiments/drafter_tau.py --drafter DIR --baseline results/drafter_tau_X.json \
-        --baseline-name smollm2-eagle --baseline-name smollm2-mdc  # pair a new drafter
-                                                  # with each of an earlier run's drafters
+        --baseline-name smollm2-eagle --baseline-name smollm2-mdc
+        # a new drafter paired with each named drafter of an earlier run (not decoded again)
 
 Every prompt is decoded with max_new_tokens new tokens in batches of 8 rows (rows never depend
 on each other, so batching does not change a row's tokens), tree 31 nodes / depth 6 / top-8.
