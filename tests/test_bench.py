@@ -322,6 +322,11 @@ def test_adapting_default_warms_every_prompt_and_replays_its_shift(tiny_target, 
     levels = SpecjaxRunner(tiny_target, bench.parse_method("self:1@auto-tree"),
                            object.__new__(HiSpec), prompts, specjax.SamplingConfig())  # fmt: skip
     assert not levels.replays_shifts
+    # Its row names the settings it ran (its outputs report no choice).
+    object.__setattr__(levels.drafter, "draft_len", 3)  # (an nnx object never initialised)
+    object.__setattr__(levels.drafter, "buffer", 4)
+    assert levels.forced_settings == "hispec(draft_len=3,buffer=4)"
+    assert fixed.forced_settings is None
     levels()
     levels()
     assert seen == [True] * 6

@@ -291,6 +291,8 @@ def _rows(target, prompts, sampling, methods, runners, timings, log) -> list[Row
                 )
                 for p, x in zip(row.per_prompt, speedups, strict=True):
                     p["speedup"] = x
+        elif m.kind == SPEC and m.auto and runners[m.name].forced_settings:
+            row.draft_nodes = runners[m.name].forced_settings
         if out.intermediate_tau:
             row.intermediate_tau = float(np.mean(out.intermediate_tau))
         drafted_only = not m.auto and m.kind == SPEC and m.config.tree.text_min_match > 0

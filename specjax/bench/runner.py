@@ -143,6 +143,16 @@ class SpecjaxRunner(Runner):
             and not isinstance(self.drafter, HiSpec)
         )
 
+    @property
+    def forced_settings(self) -> str | None:
+        """What a default-call method without a fallback runs when its outputs report no
+        choice: HiSpec forced to its three levels runs its checkpoint's draft length and buffer
+        (e.g. "hispec(draft_len=1,buffer=2)"); None for every other drafter."""
+        from specjax.hispec import HiSpec
+        from specjax.hispec_choice import label_of
+
+        return label_of(self.drafter) if isinstance(self.drafter, HiSpec) else None
+
     def warm_indices(self) -> list[int]:
         from specjax.decode import prepare_prompts
 
