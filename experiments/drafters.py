@@ -293,11 +293,13 @@ def main(argv=None) -> int:
         "Feature drafters (mdc, eagle) draft dynamic trees: `tree N/dD/topK` is N draft nodes "
         "at most D deep, expanding the top-K children of the best K frontier nodes per level "
         "(EAGLE-2 style, static shapes). Each drafter's data and training steps are in its "
-        "checkpoints/*/CARD.md: the two stories260K kinds share theirs, the shipped SmolLM2 eagle "
-        "had more answers and steps than the shipped mdc. The comparison of the two kinds under "
-        "the same data and steps is experiments/results/drafter_tau_mdc_4800.md (80 MT-bench first "
-        "turns), and where each loses agreement with the target, level by level, is "
-        "experiments/results/drafter_agreement.md.",
+        "checkpoints/*/CARD.md: the two stories260K kinds share theirs, and so do the two "
+        "SmolLM2 kinds. Their head-to-head on all 80 MT-bench first turns, with the acceptance "
+        "at each tree depth (the mdc trails from depth 4), is experiments/results/"
+        "drafter_tau.md; the mdc's deep levels tested (6 unrolled levels, 4 path tokens) in "
+        "drafter_tau_mdc_levels6.md and drafter_tau_mdc_path4.md; the stale-plus-fresh logits "
+        "in drafter_tau_mdc_stale.md; where each loses agreement with the target, level by "
+        "level, in drafter_agreement.md.",
         "`:noreuse` recomputes the hidden-state chain every step (reuse on is the default; the "
         "reuse table measures how many leading chain slots to recompute).",
         "`:nopv`: the drafter without its trained pre-verifier, so every row drafts and verifies "
