@@ -754,3 +754,26 @@ def test_bfloat16_products_train_the_same_loss_with_a_float32_teacher(tiny_targe
     b = np.concatenate([np.ravel(x) for x in jax.tree.leaves(g16)])
     cosine = float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
     assert cosine > 0.99, cosine
+
+
+def test_far_ancestor_weight_learns_in_units_of_the_input_scale(tiny_target):
+    """An mdc readout's far-ancestor norm weight starts at zero beside norm weights at the input
+    scale; its updates are scaled by that scale, so it can grow to their size (Adam alone moves a
+    weight by about lr a step: 500 steps left it ~1000x smaller than its siblings on SmolLM2)."""
+    from specjax.train.data import teacher_forced_hidden
+
+    rng = np.random.default_rng(4)
+    tokens = rng.integers(1, 16, size=(8, 16)).astype(np.int32)
+    graphdef, params = nnx.split(tiny_target)
+    feats = 30.0 * np.asarray(teacher_forced_hidden(graphdef, params, jnp.asarray(tokens)))
+    data = Dataset(tokens=tokens, feats=feats.astype(np.float16), lengths=np.full(8, 16, np.int32),
+                   prompt_lens=np.full(8, 3, np.int32))  # fmt: skip
+    cfg = DrafterConfig(kind="mdc", target=tiny_target.config,
+                        draft_vocab_size=tiny_target.config.vocab_size, path_tokens=4)  # fmt: skip
+    net = DrafterNet(cfg, np.arange(cfg.draft_vocab_size), rngs=nnx.Rngs(0), target=tiny_target)
+    assert np.all(np.asarray(net.far_norm[...]) == 0)
+    steps, lr = 3, 1e-3
+    train(net, target_parts(tiny_target, net.draft_vocab[...]), data,
+          TrainConfig(steps=steps, batch=4, levels=2, lr=lr, warmup=1), log=None)  # fmt: skip
+    # Unscaled, no entry could move more than ~steps * lr.
+    assert np.abs(np.asarray(net.far_norm[...])).max() > 5 * steps * lr
