@@ -759,7 +759,7 @@ def test_bfloat16_products_train_the_same_loss_with_a_float32_teacher(tiny_targe
 def test_far_ancestor_weight_learns_in_units_of_the_input_scale(tiny_target):
     """An mdc readout's far-ancestor norm weight starts at zero beside norm weights at the input
     scale; its updates are scaled by that scale, so it can grow to their size (Adam alone moves a
-    weight by about lr a step: 500 steps left it ~1000x smaller than its siblings on SmolLM2)."""
+    weight by about lr a step: 500 steps left it ~1600x smaller than its siblings on SmolLM2)."""
     from specjax.train.data import teacher_forced_hidden
 
     rng = np.random.default_rng(4)
