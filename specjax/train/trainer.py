@@ -184,9 +184,9 @@ def make_optimizer(
     scaled_updates: {param name: factor}: the updates of Params with that name are multiplied by
     the factor. An mdc readout's far-ancestor norm weight (far_norm) starts at zero beside norm
     weights that start at the input scale (the RMS of the target's hidden states; ~40 after
-    training on SmolLM2), and Adam moves every weight by about lr a step whatever its scale, so unscaled it
-    could not reach its siblings' size in any run we can afford (0.025 after 500 steps at lr
-    5e-4): `train` scales its updates by the input scale, so it learns in those
+    training on SmolLM2), and Adam moves every weight by about lr a step whatever its scale, so
+    unscaled it could not reach its siblings' size in any run we can afford (0.025 after 500
+    steps at lr 5e-4): `train` scales its updates by the input scale, so it learns in those
     units."""
     schedule = optax.warmup_cosine_decay_schedule(
         0.0, cfg.lr, cfg.warmup, max(cfg.steps, cfg.warmup + 1), end_value=cfg.lr / 10
