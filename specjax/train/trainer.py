@@ -195,25 +195,16 @@ def make_optimizer(
         optax.clip_by_global_norm(cfg.clip),
         optax.adamw(schedule, weight_decay=cfg.weight_decay),
     ]
-    if scaled_updates:
-        parts.append(scale_named(scaled_updates))
+    for name, factor in (scaled_updates or {}).items():
+        parts.append(optax.masked(optax.scale(factor), functools.partial(_named, name)))
     return optax.chain(*parts)
 
 
-def scale_named(factors: dict[str, float]) -> optax.GradientTransformation:
-    """Multiplies the updates of leaves whose path holds one of factors' names (stateless)."""
-
-    def factor(path) -> float:
-        names = {getattr(k, "key", getattr(k, "name", None)) for k in path}
-        hits = [f for n, f in factors.items() if n in names]
-        return hits[0] if hits else 1.0
-
-    def update(updates, state, params=None):
-        del params
-        scaled = jax.tree_util.tree_map_with_path(lambda p, u: u * factor(p), updates)
-        return scaled, state
-
-    return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+def _named(name: str, params):
+    """A bool pytree like params: True at the leaves whose path holds `name`."""
+    return jax.tree_util.tree_map_with_path(
+        lambda path, _: name in {getattr(k, "key", getattr(k, "name", None)) for k in path}, params
+    )
 
 
 @functools.partial(
@@ -307,8 +298,9 @@ def train(
         check_batch(cfg.batch, mesh)
     hidden_states(net, {"feats": data.feats, "fusion_feats": data.fusion_feats})  # checks
     graphdef, params, rest = nnx.split(net, nnx.Param, ...)
+    input_scale = feature_scale(data)
     # far_norm (mdc, path_tokens >= 3) learns in units of the input scale (make_optimizer).
-    far = {"far_norm": feature_scale(data)} if hasattr(net, "far_norm") else None
+    far = {"far_norm": input_scale} if hasattr(net, "far_norm") else None
     optimizer = make_optimizer(cfg, far)
     opt = optimizer.init(params)
     start, seen, history, wall_before = 0, 0, [], 0.0
@@ -326,7 +318,7 @@ def train(
                 log(f"[train] resuming from step {start} of {cfg.steps} ({resume_dir})")
     if mesh is not None:
         params, rest, opt, parts = replicate((params, rest, opt, parts), mesh)
-    scale = jnp.float32(feature_scale(data))
+    scale = jnp.float32(input_scale)
     stream = batches(data, cfg.batch, cfg.seed)
     for _ in range(start):  # the batches the saved steps consumed
         next(stream)
