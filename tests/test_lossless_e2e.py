@@ -193,6 +193,10 @@ def test_fallback_to_plain_steps_keeps_the_target_distribution(target, drafter, 
     assert 0.01 < (plain > 0).mean() < 0.99, (plain > 0).mean()
 
 
+# ~35 s on a 2-core CPU (twice the rows): under `slow`. The default run checks ragged batches
+# for greedy equality (test_feature_drafter, test_cpu_attention, test_text_chain) and per-row
+# keys in every sampled test here.
+@pytest.mark.slow
 def test_ragged_batch_rows_each_follow_their_own_prompt(target, drafter, optimized_loop):
     """Rows of two prompt lengths interleaved in one batch (left padding, per-row lengths and
     keys): each group's tokens follow the exact joint given its own prompt. Twice the module's

@@ -139,13 +139,16 @@ def host_text_match(text, context, longest):
 
 def test_text_match_takes_the_latest_longest_match():
     rng = np.random.default_rng(3)
+    # One shape for every trial (one compilation): the text past `known` is random tokens
+    # that must never match.
+    match = jax.jit(match_text, static_argnums=3)
     for trial in range(40):
         length, s = int(rng.integers(1, 30)), 5
-        text = rng.integers(0, 4, (2, length)).tolist()
+        text = rng.integers(0, 4, (2, 30)).tolist()
         known = rng.integers(1, length + 1, (2,))
         contexts = rng.integers(0, 4, (2, 3, s))
         contexts[0, 0, :2] = -1  # a context shorter than S
-        token, order = match_text(
+        token, order = match(
             jnp.asarray(text, jnp.int32), jnp.asarray(known, jnp.int32),
             jnp.asarray(contexts, jnp.int32), 4,
         )  # fmt: skip
@@ -184,12 +187,14 @@ def test_the_text_token_leads_and_is_not_proposed_twice(lively_lookup):
         assert np.asarray(tokens)[0, 0].tolist() == want, (follower, row)
 
 
+# The default run keeps the longer chain and the deeper tree (~10 s a case on a 2-core CPU);
+# the shorter ones run under `slow`.
 @pytest.mark.parametrize(
     "tree",
     [
-        TreeConfig.chain(1),
+        pytest.param(TreeConfig.chain(1), marks=pytest.mark.slow),
         TreeConfig.chain(5),
-        TreeConfig(branching=(2, 1)),
+        pytest.param(TreeConfig(branching=(2, 1)), marks=pytest.mark.slow),
         TreeConfig(branching=(3, 2, 1)),
     ],
     ids=["chain1", "chain5", "2-1", "3-2-1"],
@@ -237,12 +242,14 @@ def test_text_lookup_follows_the_committed_text(lively_lookup):
     assert from_text > 10, from_text  # the text's matches were drafted and accepted
 
 
+# The default run keeps a chain, a deep tree and one wider than the tables' top-k (~7 s a
+# case on a 2-core CPU); the shorter chain and tree run under `slow`.
 @pytest.mark.parametrize(
     "tree",
     [
-        TreeConfig.chain(1),
+        pytest.param(TreeConfig.chain(1), marks=pytest.mark.slow),
         TreeConfig.chain(4),
-        TreeConfig(branching=(2, 1)),
+        pytest.param(TreeConfig(branching=(2, 1)), marks=pytest.mark.slow),
         TreeConfig(branching=(4, 2, 1)),
         TreeConfig(branching=(6,)),
     ],  # fmt: skip
@@ -292,7 +299,11 @@ def test_history_follows_the_committed_tokens(lively):
             assert int(np.asarray(out.stats["target_calls"])[b]) == want, (k, b)
 
 
-@pytest.mark.parametrize("lookup", [0, 3], ids=["tables", "text-lookup"])
+# The default run keeps text-lookup (~25 s on a 2-core CPU): its children come from the
+# text's matches and, where there is none, from the tables; tables alone run under `slow`.
+@pytest.mark.parametrize(
+    "lookup", [pytest.param(0, marks=pytest.mark.slow), 3], ids=["tables", "text-lookup"]
+)
 def test_sampled_ngram_trees_keep_the_target_distribution(optimized_loop, lookup):
     """Children are the tables' top-k, the text's token first where it matches (one-hot tree
     rule): the joint distribution of the first tokens over N_ROWS sampled rows is the target's
