@@ -44,7 +44,8 @@ def speculative_generate(
     target_calls [B] (verification steps), tau [B] (mean tokens emitted per verification, accepted
     + 1), accepted_hist [B, max_depth + 1] and nonfinite_logits [B] (steps in which the target
     produced NaN/inf logits: the output of such a row is not trustworthy; it is reported, not
-    raised, since the check runs inside the compiled loop). Greedy output equals `generate`'s;
+    raised, since the check runs inside the compiled loop; absent where SpecConfig.auto() chose
+    plain decoding, which runs `generate` and does not check). Greedy output equals `generate`'s;
     sampled output has the same distribution.
 
     config: SpecConfig.auto() (the default) chooses the draft tree for this backend, target,
@@ -60,8 +61,13 @@ def speculative_generate(
 
     drafter may also be a specjax.hispec.HiSpec (load_drafter of an exit-heads directory): the
     three-level HiSpec loop runs with the settings of its checkpoint, or with an explicit
-    SpecConfig's chain length as its draft length (see _hispec).
+    SpecConfig's chain length as its draft length; under SpecConfig.auto() only where it
+    measured faster than plain decoding, which runs otherwise (see _hispec).
     """
+    if not isinstance(config, (SpecConfig, AutoSpecConfig)):
+        raise ValueError(
+            f"config must be a SpecConfig or SpecConfig.auto(), got {type(config).__name__}"
+        )
     kwargs = dict(max_new_tokens=max_new_tokens, sampling=sampling, key=key, eos_id=eos_id)
     if isinstance(drafter, HiSpec):
         return _hispec(target, drafter, prompts, config, verifier, **kwargs)
@@ -88,11 +94,11 @@ def speculative_generate(
     # The profiles predict the whole tree verified by the full target: a pruned tree's tau or
     # another verifier's says nothing about them.
     adapting = config.adapt is True and verifier is None and not choice.config_prunes
-    key = adaptation.key_of(target, drafter, mode_of(sampling))
+    adapt_key = adaptation.key_of(target, drafter, mode_of(sampling))  # not the PRNG key
     compiled_before = programs.compile_seconds()
     if choice.config is None:
         if adapting:
-            adaptation.record_plain(key)
+            adaptation.record_plain(adapt_key)
         out = _autoregressive(target, prompts, choice, config.attn_impl, **kwargs)
         programs.record(shape, target, drafter, None, programs.compile_seconds() - compiled_before)
         return out
@@ -105,7 +111,7 @@ def speculative_generate(
     programs.record(shape, target, drafter, choice.widened_from or chosen.tree,
                     programs.compile_seconds() - compiled_before)  # fmt: skip
     if adapting:
-        adaptation.record(key, target, drafter, choice.profiles, chosen.tree, out.stats)
+        adaptation.record(adapt_key, target, drafter, choice.profiles, chosen.tree, out.stats)
     out.stats.update(choice.stats())
     if prune is not None:
         out.stats["pre_verifier_replay_gain"] = prune.gain
@@ -201,11 +207,23 @@ def _with_pre_verifier(target, drafter, choice):
 def _hispec(target, hispec, prompts, config, verifier, **kwargs):
     """speculative_generate for a HiSpec drafter: it is its own verifier, and drafts chains.
     With SpecConfig.auto() it runs only where it measured faster than plain decoding for this
-    call's kind (specjax.hispec_choice); an explicit SpecConfig always runs it."""
+    call's kind (specjax.hispec_choice; the tree settings of AutoSpecConfig, max_nodes,
+    min_speedup, fallback and adapt, choose trees and do not apply); an explicit SpecConfig
+    always runs it, with its chain's length as the draft length."""
     if verifier is not None:
         raise ValueError(
             "a HiSpec drafter verifies with its own exits: pass verifier=None (an "
             "EarlyExitVerifier screens the trees of other drafters)"
+        )
+    if config.rule != "auto":
+        raise ValueError(
+            f"a HiSpec drafter accepts with its own exact rule at each level (argmax match "
+            f"greedy, rejection sampling sampled): leave rule at 'auto', got {config.rule!r}"
+        )
+    if isinstance(config, SpecConfig) and config.fallback_tau is not None:
+        raise ValueError(
+            "a HiSpec drafter has no fallback to plain steps: leave fallback_tau at None "
+            "(SpecConfig.auto() decodes plainly where HiSpec measured slower)"
         )
     attn_impl = config.attn_impl
     if isinstance(config, SpecConfig):
@@ -222,7 +240,7 @@ def _hispec(target, hispec, prompts, config, verifier, **kwargs):
     check_sampling(kwargs["sampling"])
     check_eos(kwargs["eos_id"], target.config)
     hispec.check_compatible(target)
-    prepare_prompts(prompts, target.config, kwargs["max_new_tokens"], extra_slots=hispec.slots + 2)
+    prepare_prompts(prompts, target.config, kwargs["max_new_tokens"], extra_slots=hispec.reserve)
     choice = choose_hispec(target, hispec, prompts, announce=config.verbose, **kwargs)
     if not choice.use_hispec:
         return _autoregressive(target, prompts, choice, attn_impl, **kwargs)
@@ -258,34 +276,34 @@ def _autoregressive(target, prompts, choice, attn_impl, *, max_new_tokens, sampl
 
 @jax.jit
 def _plain_stats(lengths: jax.Array) -> dict:
-    """The speculative stats of a plain decoding of rows of `lengths` [B] tokens. One compiled
-    call: the same five ops run eagerly cost ~0.35 ms (a stories260K call of 128 tokens is ~13
-    ms on a 2-core CPU)."""
+    """The speculative stats of a plain decoding of rows of `lengths` [B] tokens (no
+    nonfinite_logits: `generate` does not check its logits). One compiled call: the same ops
+    run eagerly cost ~0.35 ms (a stories260K call of 128 tokens is ~13 ms on a 2-core CPU)."""
     calls = jnp.maximum(lengths - 1, 0)
     return {
         "target_calls": calls,
         "accepted_hist": calls[:, None],
         "tau": jnp.ones(calls.shape, jnp.float32),
-        "nonfinite_logits": jnp.zeros(calls.shape, jnp.int32),
     }
 
 
 def _check_call(target, drafter, prompts, sampling, max_new_tokens, eos_id, extra_slots):
-    """The call's input checked before anything is measured or compiled; the padded prompt ids."""
+    """The call's input checked before anything is measured or compiled: (the padded prompt ids
+    [B, T], each prompt's length [B])."""
     check_sampling(sampling)
     drafter.check_compatible(target)
     check_eos(eos_id, target.config)
-    ids, _ = prepare_prompts(prompts, target.config, max_new_tokens, extra_slots=extra_slots)
-    return ids
+    return prepare_prompts(prompts, target.config, max_new_tokens, extra_slots=extra_slots)
 
 
 def _choose_config(target, drafter, prompts, auto, sampling, max_new_tokens, eos_id):
     """Validate what needs no tree, then choose the tree (specjax.choice.resolve_auto).
     Returns (the choice, the padded prompt width)."""
     extra = tree_reserve(1, 1)
-    ids = _check_call(target, drafter, prompts, sampling, max_new_tokens, eos_id, extra)
+    ids, lens = _check_call(target, drafter, prompts, sampling, max_new_tokens, eos_id, extra)
     room = target.config.max_seq_len - ids.shape[1] - max_new_tokens - 1
-    rows = [np.asarray(r) for r in prompts] if isinstance(prompts, list) else list(np.asarray(ids))
+    # Calibration (where the pair has no profile yet) runs on the prompts, not on their padding.
+    rows = [row[:n] for row, n in zip(np.asarray(ids), lens, strict=True)]
     # Costs are taken at about the context the call decodes in (specjax.choice.call_context).
     # It depends on the padded prompt width, not on each prompt's length: calls compiled alike
     # share one choice.

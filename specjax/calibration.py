@@ -220,17 +220,18 @@ def update_card(
 
 def ensure_pair_profiles(target, drafter, prompts_for, *, eos_id=None) -> None:
     """Calibrate a drafter without a checkpoint profile on held-in prompts unless its pair
-    profile is already cached (so SpecConfig.auto() never calibrates on evaluation prompts).
-    prompts_for: a function of no arguments giving (prompts, description), called only when a
-    profile is missing (writing self-written turns costs about a minute)."""
+    profile is already cached with probes spanning the default ones (so SpecConfig.auto() never
+    calibrates on evaluation prompts). prompts_for: a function of no arguments giving (prompts,
+    description), called only when a profile is missing (writing self-written turns costs about
+    a minute)."""
     from specjax.acceptance import read_profiles
-    from specjax.choice import pair_profile_file
+    from specjax.choice import pair_profile_file, probes_for, probes_span
 
     if getattr(drafter, "checkpoint_dir", None) is not None:
         return
     for mode in MODES:
         path = pair_profile_file(target, drafter, mode)
-        if not read_profiles(path):
+        if not probes_span(read_profiles(path), probes_for(drafter)):
             prompts, description = prompts_for()
             write_profiles(path, calibrate_drafter(
                 target, drafter, prompts, description=description, modes=(mode,), eos_id=eos_id,

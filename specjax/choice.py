@@ -68,6 +68,8 @@ INTERIOR_OPTIMISM = 0.9
 # The smallest context costs are measured at (SpecConfig.auto() with context None): contexts are
 # rounded to powers of two from here, so a machine measures a handful of cost sets at most.
 MIN_COST_CONTEXT = 64
+# Cache slots left free past the context and the largest tree when costs are timed.
+COST_CONTEXT_MARGIN = 16
 
 
 # The best candidates a Choice keeps (specjax.programs may run one already compiled instead).
@@ -428,6 +430,27 @@ def probes_for(drafter, max_nodes: int = 64) -> tuple[TreeConfig, ...]:
     return (TreeConfig(branching=tuple(branching)),)
 
 
+def probes_span(profiles: Sequence[AcceptanceProfile], probes: Sequence[TreeConfig]) -> bool:
+    """Whether kept profiles were calibrated with probes of at least as many nodes as `probes`
+    (and, for dynamic trees, the same top-k). A pair first calibrated under a smaller max_nodes
+    kept a narrower probe, whose candidates would silently stop short of a larger call's."""
+
+    def nodes(profile: AcceptanceProfile) -> int:
+        if profile.kind == "dynamic":
+            return profile.probe[0] + 1  # (budget, depth, topk): the budget and the root
+        return TreeConfig(branching=tuple(profile.probe)).num_nodes
+
+    def spanned(probe: TreeConfig) -> bool:
+        return any(
+            (p.kind == "dynamic") == probe.is_dynamic
+            and (not probe.is_dynamic or p.topk == probe.topk)
+            and nodes(p) >= probe.num_nodes
+            for p in profiles
+        )
+
+    return all(spanned(probe) for probe in probes)
+
+
 def find_profiles(
     target,
     drafter,
@@ -439,8 +462,8 @@ def find_profiles(
     progress=_say,
 ) -> list[AcceptanceProfile]:
     """The drafter's acceptance profiles for this sampling mode: from its checkpoint folder, else
-    from an earlier calibration of the pair, else calibrated now on the first rows of `prompts`
-    (and kept)."""
+    from an earlier calibration of the pair whose probes span this call's (probes_span), else
+    calibrated now on the first rows of `prompts` (and kept)."""
     mode = mode_of(sampling)
     folder = getattr(drafter, "checkpoint_dir", None)
     if folder is not None:
@@ -448,11 +471,11 @@ def find_profiles(
         if found:
             return found
     path = pair_profile_file(target, drafter, mode)
+    probes = probes_for(drafter, max_nodes)
     found = read_profiles(path)
-    if found:
+    if found and probes_span(found, probes):
         return found
     rows = [list(map(int, np.asarray(p).reshape(-1))) for p in list(prompts)[:CALIBRATION_ROWS]]
-    probes = probes_for(drafter, max_nodes)
     reserve = max(tree_reserve(p.num_nodes, p.max_depth) for p in probes)
     tokens = min(CALIBRATION_TOKENS, target.config.max_seq_len - max(map(len, rows)) - reserve)
     if tokens < 8:
@@ -486,16 +509,22 @@ def find_profiles(
 def cost_context(target, auto: AutoSpecConfig, call_context: float | None = None) -> int:
     """The context costs are measured at: auto.context, else the call's context (call_context,
     see call_context(); default MIN_COST_CONTEXT) rounded to the nearest power of two (in log
-    scale), at least MIN_COST_CONTEXT; less where the model's max_seq_len leaves no room for the
-    largest tree after it."""
+    scale), at least MIN_COST_CONTEXT; that rounded context is lowered where the model's
+    max_seq_len leaves no room for the largest tree after it, an explicit one is refused."""
     from specjax.autotune import AR_TOKENS
 
-    context = auto.context
-    if context is None:
-        wanted = max(float(call_context or MIN_COST_CONTEXT), MIN_COST_CONTEXT)
-        context = 2 ** round(np.log2(wanted))
     largest = max(auto.max_nodes, AR_TOKENS)
-    return max(1, min(context, target.config.max_seq_len - largest - 16))
+    fits = target.config.max_seq_len - largest - COST_CONTEXT_MARGIN
+    if auto.context is not None:
+        if auto.context > fits:
+            raise ValueError(
+                f"AutoSpecConfig(context={auto.context}) leaves no room in this model's "
+                f"{target.config.max_seq_len}-slot cache for a {largest}-node tree after it: "
+                f"pass context <= {fits}, or a smaller max_nodes"
+            )
+        return auto.context
+    wanted = max(float(call_context or MIN_COST_CONTEXT), MIN_COST_CONTEXT)
+    return max(1, min(2 ** round(np.log2(wanted)), fits))
 
 
 def call_prefill_seconds(target, batch: int, width: int, *, verbose: bool) -> float:

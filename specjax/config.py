@@ -299,12 +299,13 @@ class SpecConfig:
 class AutoSpecConfig:
     """Choose the draft tree per call (specjax.choice): of every tree within the drafter's
     acceptance profile with at most max_nodes nodes, the one with the highest predicted tokens
-    per second on this backend; with B rows, at most max_batch_nodes / B nodes (a step
-    verifies B x N tokens). Costs are measured at `context` committed tokens once per
-    backend, device kind, model, batch and dtype and kept on disk (specjax.autotune); context
-    None (the default) is the call's cache length (padded prompt plus new tokens) rounded to a
-    power of two: attention makes a small model's step over a 256-slot cache cost ~1.5x what it
-    costs over 128, so costs taken elsewhere misjudge plain decoding against a tree.
+    per second on this backend; with B rows, at most max_batch_nodes / B nodes, and never
+    fewer than 2 (a step verifies B x N tokens). Costs are measured at `context` committed
+    tokens once per backend, device kind, model, batch and dtype and kept on disk
+    (specjax.autotune); context None (the default) is the call's cache length (padded prompt
+    plus new tokens) rounded to a power of two: attention makes a small model's step over a
+    256-slot cache cost ~1.5x what it costs over 128, so costs taken elsewhere misjudge plain
+    decoding against a tree.
     min_speedup: with allow_autoregressive, speculate only where the best tree's predicted
     speedup reaches this. Why a margin: the prediction compares steps timed inside a loop, and
     per-call costs that fall on the speculative side (the drafter's prefill, ~2 ms more host
@@ -338,12 +339,20 @@ class AutoSpecConfig:
     def __post_init__(self):
         if self.rule not in RULES:
             raise ValueError(f"unknown acceptance rule {self.rule!r}; choose from {RULES}")
-        if self.max_nodes < 1:
-            raise ValueError(f"max_nodes must be >= 1, got {self.max_nodes}")
+        if self.max_nodes < 2:
+            raise ValueError(
+                f"max_nodes must be >= 2 (the root and one drafted token), got {self.max_nodes}"
+            )
+        if self.max_batch_nodes < 2:
+            raise ValueError(f"max_batch_nodes must be >= 2, got {self.max_batch_nodes}")
         if self.context is not None and self.context < 1:
             raise ValueError(f"context must be >= 1, got {self.context}")
-        if self.min_speedup <= 0:
-            raise ValueError(f"min_speedup must be > 0, got {self.min_speedup}")
+        if self.min_speedup < 1:
+            raise ValueError(
+                f"min_speedup must be >= 1 (a tree predicted slower than plain decoding is not "
+                f"chosen while allow_autoregressive), got {self.min_speedup}; to speculate "
+                f"whatever the prediction, pass allow_autoregressive=False"
+            )
         if self.timed_candidates < 0:
             raise ValueError(f"timed_candidates must be >= 0, got {self.timed_candidates}")
         if not isinstance(self.adapt, bool) and not (

@@ -81,8 +81,6 @@ class HiSpec(nnx.Module):
     before the full target verifies them. `speculative_generate(target, hispec, prompts)` runs
     the three-level loop of this module (specjax.api dispatches on the type)."""
 
-    feature_layers: tuple[int, ...] = ()
-
     def __init__(self, draft_head, verify_head, target, *, draft_len: int = DEFAULT_DRAFT_LEN,
                  buffer: int = DEFAULT_BUFFER):  # fmt: skip
         if not draft_head.layer < verify_head.layer:
@@ -105,6 +103,12 @@ class HiSpec(nnx.Module):
         heads = load_exit_heads(path, model)
         header = json.loads((Path(path) / "hispec.json").read_text())
         chosen = {"draft_len": DEFAULT_DRAFT_LEN, "buffer": DEFAULT_BUFFER}
+        unknown = sorted(set(header.get("settings", {})) - set(chosen))
+        if unknown:
+            raise ValueError(
+                f"{Path(path) / 'hispec.json'}: unknown settings {unknown}; a HiSpec setting "
+                f"is one of {sorted(chosen)}"
+            )
         chosen.update(header.get("settings", {}))
         chosen.update(settings)
         return cls(heads["draft"], heads["verify"], model, **chosen)
@@ -118,16 +122,20 @@ class HiSpec(nnx.Module):
         return copy
 
     def check_compatible(self, target) -> None:
-        n = target.config.n_layers
-        if not self.verify_exit.layer < n:
-            raise ValueError(f"verify exit layer {self.verify_exit.layer} must lie below {n}")
-        if self.draft_exit.vocab_size != target.config.vocab_size:
-            raise ValueError("these exit heads read out over another target's vocabulary")
+        """ValueError, saying what to do, when the exits cannot read `target`'s layers."""
+        self.draft_exit.check_compatible(target)
+        self.verify_exit.check_compatible(target)
 
     @property
     def slots(self) -> int:
         """C: buffer slots (a row flushes once it holds `buffer`; a round adds up to k + 1)."""
         return self.buffer + self.draft_len
+
+    @property
+    def reserve(self) -> int:
+        """Cache slots a call needs past its prompt width and max_new_tokens (HiSpecStep.
+        cache_len): the buffer's, with a margin of 2."""
+        return self.slots + 2
 
 
 def check_settings(draft_len, buffer) -> None:
@@ -203,7 +211,7 @@ class HiSpecLoop:
         it (a round starts with m < buffer and writes k + 1; a flush writes C). A finished row
         keeps computing rounds from F with m = 0 (its last flush emptied the buffer), so it
         stays within the same bound."""
-        return prompt_width + self.max_new_tokens + self.hispec.slots + 2
+        return prompt_width + self.max_new_tokens + self.hispec.reserve
 
     def _dist(self, logits):
         return logits if self.greedy else apply_sampling(logits, self.sampling)
@@ -416,7 +424,7 @@ class HiSpecLoop:
         rounds = jnp.maximum(final.rounds, 1)
         stats = {
             "target_calls": final.full_calls,
-            "buffer_flushes": final.full_calls,
+            "buffer_flushes": final.full_calls,  # each full-target call verifies one flush
             # Tokens per full-target call, counting the first token from the prefill out.
             "tau": (final.n_generated - 1) / calls,
             "accepted_hist": final.emitted_hist,
@@ -475,7 +483,7 @@ def hispec_generate(
     hispec.check_compatible(target)
     eos = check_eos(eos_id, target.config)
     ids, lens = prepare_prompts(prompts, target.config, max_new_tokens,
-                                extra_slots=hispec.slots + 2)  # fmt: skip
+                                extra_slots=hispec.reserve)  # fmt: skip
     keys = prepare_keys(key, ids.shape[0])
     target_def, target_params = split_module(target)
     hispec_def, hispec_params = split_module(hispec)

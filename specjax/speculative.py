@@ -258,7 +258,8 @@ class SpeculativeLoop:
     def plain_step(self, s: SpecState) -> SpecState:
         """A plain decoding step: the target runs on each row's root alone (a one-node tree, so
         the rules emit the target's own next token: its argmax, or a draw from it), and the
-        drafter neither drafts nor commits (its state is not read again in this call)."""
+        drafter neither drafts nor commits (its state is not read again in this call). The
+        verifier runs as it is: an early-exit verifier still runs its exit on the root."""
         lengths = self.verifier.lengths(s.verifier_state)
         verify_keys = self._step_keys(s, lengths)[1]
         b = s.root.shape[0]
@@ -471,7 +472,10 @@ def _steps_until_done(loop: SpeculativeLoop, state: SpecState, *, compact: bool)
     in phases of B, B/2 and B/4 rows (row_phases, SPECULATIVE_PHASES; budgets of at least
     SPECULATIVE_PHASE_TOKENS); a phase ends when its live rows fit in the next, which continues
     on those rows (specjax.rows.take_rows). A row's draws depend only on its own key and
-    length, so its output is the same as in one loop over the whole batch. What finished rows
+    length, so its output is the same as in one loop over the whole batch; except that with
+    fallback_tau the batch's stop (falls_back) is judged on the phase's rows, so the step a
+    row turns plain at may differ: greedy output is still the same, sampled output keeps its
+    distribution (plain and speculative steps are both exact). What finished rows
     report (tokens, counters) is kept aside without their caches and the rows are put back in
     their places at the end."""
     b = state.done.shape[0]
@@ -583,10 +587,10 @@ class SteppedRun:
 
 def _prepare_run(target, drafter, prompts, max_new_tokens, config, sampling, key, eos_id, verifier):
     """The checks and host-side inputs shared by speculative_decode and SteppedRun: the
-    verifier (FullVerifier when None), the padded prompts ids [B, P] and lengths [B] with room
+    verifier (FullVerifier when None), the padded prompts ids [B, T] and lengths [B] with room
     for a step's tree, the per-row keys [B] and the EOS id. Raises ValueError before anything
     is compiled."""
-    check_speculative_args(target, drafter, config, sampling)
+    check_speculative_args(target, drafter, config, sampling, verifier)
     verifier = FullVerifier() if verifier is None else verifier
     tree = config.tree
     eos = check_eos(eos_id, target.config)
@@ -599,12 +603,16 @@ def _prepare_run(target, drafter, prompts, max_new_tokens, config, sampling, key
     return verifier, ids, lens, prepare_keys(key, ids.shape[0]), eos
 
 
-def check_speculative_args(target, drafter, config: SpecConfig, sampling: SamplingConfig) -> None:
+def check_speculative_args(
+    target, drafter, config: SpecConfig, sampling: SamplingConfig, verifier=None
+) -> None:
     """Every check that needs no compilation: raises ValueError naming the problem."""
     check_sampling(sampling)
     if not isinstance(config, SpecConfig):
         raise ValueError(f"config must be a SpecConfig, got {type(config).__name__}")
     drafter.check_compatible(target)
+    if hasattr(verifier, "check_compatible"):
+        verifier.check_compatible(target)
     config.resolved_rule(sampling, drafter.samples_children)  # raises for an impossible pair
     if config.tree.is_dynamic and not drafter.dynamic_trees:
         raise ValueError(

@@ -351,6 +351,34 @@ def test_static_probe_narrows_to_max_nodes():
     assert TreeConfig(branching=(2, 1)) in trees and TreeConfig.chain(1) in trees
 
 
+def test_a_pair_calibrated_for_fewer_nodes_is_calibrated_again(tmp_path, monkeypatch):
+    """A pair profile kept by a call with a small max_nodes has a narrow probe: a later call
+    allowing more nodes calibrates its own probe instead of silently choosing within the narrow
+    one; a call within the kept probe calibrates nothing."""
+    import specjax.choice as choice
+
+    monkeypatch.setenv("SPECJAX_CACHE", str(tmp_path))
+    target = specjax.Llama(TINY, rngs=nnx.Rngs(0))
+    drafter = LMDrafter.self_draft(1)
+    write_profiles(choice.pair_profile_file(target, drafter, "greedy"), [static_profile()])
+    calibrated = []
+
+    def fake_calibrate(target, drafter, rows, *, probe, **kwargs):
+        calibrated.append(probe)
+        return dataclasses.replace(static_profile(), probe=probe.branching)
+
+    monkeypatch.setattr(choice, "calibrate", fake_calibrate)
+    greedy = specjax.SamplingConfig()
+    kept = choice.find_profiles(target, drafter, [[1, 2, 3]], sampling=greedy, max_nodes=4)
+    assert calibrated == [] and [p.probe for p in kept] == [(2, 1)]
+    wide = choice.find_profiles(target, drafter, [[1, 2, 3]], sampling=greedy, max_nodes=16)
+    assert calibrated == list(probes_for(drafter, 16)) and calibrated[0].num_nodes > 5
+    assert [p.probe for p in wide] == [calibrated[0].branching]
+    # The wider profile is kept: the same call again calibrates nothing.
+    choice.find_profiles(target, drafter, [[1, 2, 3]], sampling=greedy, max_nodes=16)
+    assert len(calibrated) == 1
+
+
 def test_cost_context_follows_the_call():
     """Costs are measured near the call's cache length, rounded to a power of two (a few cost
     sets per machine), within the model's room for the largest tree."""
@@ -369,6 +397,8 @@ def test_cost_context_follows_the_call():
     assert cost_context(model, AutoSpecConfig(context=200), 10.0) == 200  # explicit wins
     short = SimpleNamespace(config=SimpleNamespace(max_seq_len=512))
     assert cost_context(short, auto, 1000.0) == 512 - 64 - 16  # room for 64 nodes after it
+    with pytest.raises(ValueError, match="context <= 432"):  # an explicit context: never lowered
+        cost_context(short, AutoSpecConfig(context=500))
 
 
 def test_default_call_reads_kept_costs_and_profiles(tmp_path, monkeypatch):
@@ -407,6 +437,40 @@ def test_default_call_reads_kept_costs_and_profiles(tmp_path, monkeypatch):
     )
     np.testing.assert_array_equal(np.asarray(off.tokens), np.asarray(ref.tokens))
     assert "plain_steps" in off.stats
+
+
+def test_auto_calibrates_on_the_prompts_not_their_padding(monkeypatch):
+    """An int array of prompts is padded to the prompt bucket like ragged lists are: the choice
+    (and a first calibration) sees each prompt's own tokens either way."""
+    import specjax.api as api
+
+    class Chosen(Exception):
+        pass
+
+    seen = []
+
+    def resolve_auto(target, drafter, rows, **kwargs):
+        seen.append([list(map(int, r)) for r in rows])
+        raise Chosen
+
+    monkeypatch.setattr(api, "resolve_auto", resolve_auto)
+    target = specjax.Llama(TINY, rngs=nnx.Rngs(0))
+    auto = AutoSpecConfig(verbose=False)
+    for prompts in ([[1, 2, 3], [4, 5, 6]], np.array([[1, 2, 3], [4, 5, 6]])):
+        with pytest.raises(Chosen):
+            specjax.speculative_generate(target, LMDrafter.self_draft(1), prompts,
+                                         max_new_tokens=4, config=auto)  # fmt: skip
+    assert seen == [[[1, 2, 3], [4, 5, 6]]] * 2
+
+
+def test_auto_settings_that_cannot_hold_are_refused():
+    for setting, named in (
+        ({"max_nodes": 1}, "max_nodes"),
+        ({"max_batch_nodes": 1}, "max_batch_nodes"),
+        ({"min_speedup": 0.95}, "allow_autoregressive=False"),
+    ):
+        with pytest.raises(ValueError, match=named):
+            AutoSpecConfig(**setting)
 
 
 def test_chosen_config_falls_back_below_its_break_even_tau():

@@ -77,11 +77,26 @@ def test_greedy_equals_generate(lively, tree, layer, batch):
     accepted = (np.asarray(out.stats["accepted_hist"]) * np.arange(hist.size)).sum(1)
     # The target accepts a prefix of what the exit accepted (minus rows' last steps).
     assert (np.asarray(out.stats["exit_accepted"]) + tree.max_depth >= accepted).all()
+    # The exit's steps are the rows' steps less the one that finished each row.
+    calls, steps = np.asarray(out.stats["target_calls"]), np.asarray(out.stats["exit_steps"])
+    assert (steps >= calls - 1).all() and (steps <= calls).all(), (steps, calls)
 
 
 def test_exit_layer_is_checked(lively):
     with pytest.raises(ValueError, match="exit layer 4 must lie in"):
         EarlyExitVerifier(random_exit(LIVELY, 4), lively)
+    # An exit built for another target is refused before anything compiles, saying what to do.
+    verifier = EarlyExitVerifier(random_exit(LIVELY, 3), lively)
+    for other, named in (
+        (dataclasses.replace(LIVELY, n_layers=2), "past this target's 2 layers"),
+        (dataclasses.replace(LIVELY, vocab_size=96), "this target has 96"),
+    ):
+        with pytest.raises(ValueError, match=named) as raised:
+            specjax.speculative_generate(
+                specjax.Llama(other, rngs=nnx.Rngs(0)), LMDrafter.self_draft(1), [[1, 2]],
+                max_new_tokens=4, config=SpecConfig(tree=TreeConfig.chain(1)), verifier=verifier,
+            )  # fmt: skip
+        assert "load the exit heads for this target" in str(raised.value)
 
 
 @pytest.fixture(scope="module")

@@ -123,6 +123,15 @@ def test_settings_and_config_are_checked(lively):
         specjax.speculative_generate(
             lively, hispec, RAGGED, max_new_tokens=8, verifier=specjax.FullVerifier()
         )
+    # Settings HiSpec cannot honour are refused, not dropped.
+    for config, named in (
+        (SpecConfig(tree=TreeConfig.chain(2), rule="hsd"), "leave rule at 'auto'"),
+        (SpecConfig.auto(rule="chain"), "leave rule at 'auto'"),
+        (SpecConfig(tree=TreeConfig.chain(2), fallback_tau=1.5), "leave fallback_tau at None"),
+        ("chain", "must be a SpecConfig"),
+    ):
+        with pytest.raises(ValueError, match=named):
+            specjax.speculative_generate(lively, hispec, RAGGED, max_new_tokens=8, config=config)
     # An explicit chain sets the draft length.
     out = specjax.speculative_generate(
         lively, hispec, RAGGED[:1], max_new_tokens=12, config=SpecConfig(tree=TreeConfig.chain(2))

@@ -241,8 +241,8 @@ def intermediate_tau(stats: dict) -> float | None:
     if "intermediate_tau" in stats:
         return float(stats["intermediate_tau"][0])
     if "exit_accepted" in stats:
-        calls = max(int(stats["target_calls"][0]), 1)
-        return float(stats["exit_accepted"][0]) / calls + 1.0
+        steps = max(int(stats["exit_steps"][0]), 1)  # the steps exit_accepted counts
+        return float(stats["exit_accepted"][0]) / steps + 1.0
     return None
 
 

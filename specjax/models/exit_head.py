@@ -105,6 +105,24 @@ class ExitLogits(nnx.Module):
     def layer(self) -> int:
         return self.head.layer
 
+    def check_compatible(self, target) -> None:
+        """ValueError, saying what to do, when these exits cannot read `target`'s layers."""
+        cfg = target.config
+        fix = (
+            "load the exit heads for this target (specjax.load_drafter(dir, target)) or train "
+            "them for it (experiments/train_exit_heads.py)"
+        )
+        if not self.layer < cfg.n_layers:
+            raise ValueError(
+                f"exit layer {self.layer} lies past this target's {cfg.n_layers} layers: {fix}"
+            )
+        width = self.final_norm[...].shape[-1]
+        if (self.vocab_size, width) != (cfg.vocab_size, cfg.d_model):
+            raise ValueError(
+                f"these exit heads read a target of vocabulary {self.vocab_size} and width "
+                f"{width}, this target has {cfg.vocab_size} and {cfg.d_model}: {fix}"
+            )
+
     def __call__(self, x: jax.Array) -> jax.Array:
         """[..., M] residual stream entering the exit layer -> [..., V] float32 logits."""
         parts = TargetParts(embed=None, final_norm=self.final_norm[...], head_u=self.head_u[...])

@@ -52,10 +52,12 @@ from specjax.verifiers.full import FullVerifier, nonfinite_rows
 @flax.struct.dataclass
 class EarlyExitState:
     """cache: the target's KVCache; exit_accepted [B]: the exit's accepted draft tokens summed
-    over counted steps; exit_last [B]: this step's (set by verify, counted by commit)."""
+    over counted steps, exit_steps [B]: the steps counted; exit_last [B]: this step's (set by
+    verify, counted by commit)."""
 
     cache: KVCache
     exit_accepted: jax.Array
+    exit_steps: jax.Array
     exit_last: jax.Array
 
 
@@ -71,7 +73,12 @@ class EarlyExitVerifier(nnx.Module):
         """The verify exit of an exit-heads directory (checkpoints/<target>-hispec)."""
         from specjax.train.exit_heads import load_exit_heads
 
-        return cls(load_exit_heads(path, target)["verify"], target)
+        model = getattr(target, "model", target)  # a specjax.load() result: its model
+        return cls(load_exit_heads(path, model)["verify"], model)
+
+    def check_compatible(self, target) -> None:
+        """ValueError, saying what to do, when the exit cannot read `target`'s layers."""
+        self.exit.check_compatible(target)
 
     def prefill(self, target, ids, prompt_lens, cache_len, *, feature_layers, attn_impl):
         logits, cache, hidden = FullVerifier().prefill(
@@ -79,7 +86,8 @@ class EarlyExitVerifier(nnx.Module):
             attn_impl=attn_impl,
         )  # fmt: skip
         zeros = jnp.zeros(ids.shape[:1], jnp.int32)
-        return logits, EarlyExitState(cache=cache, exit_accepted=zeros, exit_last=zeros), hidden
+        state = EarlyExitState(cache=cache, exit_accepted=zeros, exit_steps=zeros, exit_last=zeros)
+        return logits, state, hidden
 
     def lengths(self, state: EarlyExitState):
         return state.cache.lengths
@@ -199,10 +207,14 @@ class EarlyExitVerifier(nnx.Module):
             is_chain=config.tree.is_chain,
             layers=(0, self.exit.layer),
         )
-        counted = jnp.where(advance > 0, state.exit_last, 0)
-        return state.replace(cache=cache, exit_accepted=state.exit_accepted + counted)
+        counted = advance > 0
+        return state.replace(
+            cache=cache,
+            exit_accepted=state.exit_accepted + jnp.where(counted, state.exit_last, 0),
+            exit_steps=state.exit_steps + counted,
+        )
 
     def stats(self, state: EarlyExitState) -> dict:
         """exit_accepted [B]: draft tokens the exit accepted over the steps that advanced a row
-        (steps that finished a row are not counted)."""
-        return {"exit_accepted": state.exit_accepted}
+        (steps that finished a row are not counted); exit_steps [B]: those steps."""
+        return {"exit_accepted": state.exit_accepted, "exit_steps": state.exit_steps}
