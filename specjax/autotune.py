@@ -224,7 +224,8 @@ def measure_verify_costs(
     the last point): SpecConfig.auto() passes twice the best tau any candidate tree can reach,
     so no tree that large could beat plain decoding (at 32 rows, t(64) alone took ~17 s on a
     2-core CPU). stop_reference: the seconds the stop rule compares with (default: t of the
-    first count timed; a grid continued past an earlier stop passes its own t(1)).
+    first count timed; a grid continued past an earlier stop passes the t of the first count
+    it timed before).
 
     skip_stairs: the powers of two (and the grid's first and last counts) are timed first; then
     each gap between two of them is probed at its middle count, and where the middle costs at
@@ -299,7 +300,7 @@ def measure_verify_costs(
             if progress is not None:
                 progress(
                     f"target cost at {middle} nodes is at least {hi} nodes': a stair, "
-                    f"{lo + 1}-{hi - 1} nodes are not timed"
+                    f"the rest of {lo + 1}-{hi - 1} nodes is not timed"
                 )
             continue
         for n in inner:
@@ -963,6 +964,7 @@ def draft_costs(
             costs is not None
             and costs.key == key
             and (costs.overhead is not None or not with_overhead)
+            and kwargs.get("deep_depth", costs.deep_depth) == costs.deep_depth
         ):
             have = costs.topk if drafter.dynamic_trees else costs.nodes
             if wanted is None or set(wanted) <= set(have):
@@ -1025,8 +1027,9 @@ def timed_steps(
         try:
             data = json.loads(path.read_text())
             if data["key"] == key and data["version"] == FORMAT_VERSION:
-                trees = [TreeConfig(branching=tuple(t["branching"]), budget=int(t["budget"]),
-                                    text_chain=int(t.get("text_chain", 0)))
+                # Every field written (asdict), the chain's minimum match included: a tree
+                # read back without it would merge its readings with its twin's.
+                trees = [TreeConfig(**{**t, "branching": tuple(t["branching"])})
                          for t in data["trees"]]  # fmt: skip
                 # Ledgers written before readings were kept hold one ratio a tree.
                 kept = data.get("readings") or [[r] for r in data["ratios"]]

@@ -5,10 +5,11 @@ E[tokens per step] comes from the drafter's acceptance profile (specjax.acceptan
 feature drafter's acceptance.json from its checkpoint folder (written from held-in prompts), or,
 for a draft model / self-draft pair, a short calibration run (on the call's own prompts when
 nothing was calibrated before) kept in the cost cache. The costs come from specjax.autotune
-(measured once per backend, device kind, model, batch and dtype). Every tree within the
-profile's probe is a candidate: static branchings for draft models and self-drafting,
-(budget, depth, top-k) for feature drafters. The predicted speedup is against autoregressive
-decoding, whose cost per token is measured with specjax.generate (VerifyCosts.ar_token).
+(measured once per backend, device kind, model, batch, dtype, context and weight layout). Every
+tree within the profile's probe is a candidate: static branchings for draft models and
+self-drafting, (budget, depth, top-k) for feature drafters. The predicted speedup is against
+autoregressive decoding, whose cost per token is measured with specjax.generate
+(VerifyCosts.ar_token).
 """
 
 from __future__ import annotations
@@ -78,8 +79,8 @@ ALTERNATIVES = 16
 # (autotune.timed_steps' confirm): the winner and its closest rival.
 CONFIRM_TOP = 2
 
-# Choices made in this process, by (target, drafter, batch, mode, room, context, AutoSpecConfig): a
-# repeated call skips the fingerprints and file reads.
+# Choices made in this process, by (target, drafter, batch, mode, room, context, new tokens,
+# AutoSpecConfig, acceptance shift): a repeated call skips the fingerprints and file reads.
 _CHOSEN: dict[tuple, tuple] = {}
 _ANNOUNCED: set[tuple] = set()
 
@@ -345,7 +346,13 @@ def rank(
             seconds -= verify_saving(profile, tree, verify, batch)
             ranked.append((tau / seconds, tree, tau, seconds))
     if not ranked:
-        raise ValueError("no candidate tree: the acceptance profiles cover no tree that fits")
+        topk = f", the drafter's timed top-k {tuple(draft.topk)}" if draft.kind == "dynamic" else ""
+        raise ValueError(
+            f"no candidate tree: the acceptance profiles cover no tree within max_nodes "
+            f"{max_nodes}, the cache room {room} past the prompt and rule {rule!r}{topk}: raise "
+            f"max_nodes or the model's max_seq_len, shorten the prompts or max_new_tokens, or "
+            f"pass an explicit SpecConfig(tree=...)"
+        )
     # Stable: among equal rates the first candidate (smaller depth, fewer nodes) wins.
     order = sorted(range(len(ranked)), key=lambda i: -ranked[i][0])
     return [ranked[i] for i in order]
@@ -632,7 +639,8 @@ def resolve_auto(
     if new_tokens is not None:
         calibrated = [p.at_answer_length(new_tokens) for p in calibrated]
     profiles = [p.scaled(shift) for p in calibrated]
-    # Costs at the call's context (cost_context), leaving the model room for the largest tree.
+    # A step verifies batch x N tokens: N is capped by max_batch_nodes, never below a root
+    # and one drafted token.
     max_nodes = max(2, min(auto.max_nodes, auto.max_batch_nodes // batch))
     grid = verify_grid(batch, max_nodes)
     anchors = anchor_grid(batch, max_nodes)
