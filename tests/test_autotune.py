@@ -201,7 +201,7 @@ def test_the_interior_of_a_stair_is_not_timed(tiny_target, monkeypatch):
     assert costs.t_verify(5) == pytest.approx(1.5e-3) and costs.t_verify(7) == pytest.approx(1.5e-3)
     assert costs.t_verify(10) == pytest.approx(1.9e-3)  # the middle's cost, above the top's
     assert costs.t_verify(3) == pytest.approx(1.15e-3)
-    assert any("a stair, 9-15 nodes are not timed" in x for x in lines)
+    assert any("a stair, the rest of 9-15 nodes is not timed" in x for x in lines)
     again = autotune.VerifyCosts.from_json(json.loads(json.dumps(costs.to_json())))
     assert again == costs
 
