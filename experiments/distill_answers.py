@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from specjax.paths import SMOLLM2, shared_path
-from specjax.train.data import DistillConfig, build_dataset
+from specjax.train.data import EAGLE_QUESTION_SETS, DistillConfig, build_dataset
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -34,7 +34,13 @@ SYNTHETIC_CHAT = DistillConfig(
 # Answers at three temperatures to the first turns of EAGLE's alpaca/gsm8k/humaneval/sum sets.
 # Those files are evaluation data: the set is kept for the drafters that were trained on it, and
 # no new training run uses it (experiments/train_drafters.py refuses it).
-CHAT_SETS = DistillConfig(kind="chat", temperatures=(0.0, 0.7, 1.0), max_new_tokens=256, batch=32)
+CHAT_SETS = DistillConfig(
+    kind="chat",
+    sets=EAGLE_QUESTION_SETS,
+    temperatures=(0.0, 0.7, 1.0),
+    max_new_tokens=256,
+    batch=32,
+)
 
 # Greedy answers to multi-part requests in eight task families (specjax.train.broad_prompts),
 # shards of 64 answers whose prompts are length-sorted within windows of 8 shards.

@@ -254,14 +254,6 @@ def main(argv=None) -> int:
         help="no training: measure the saved drafters' tau again and rewrite their cards",
     )
     args = parser.parse_args(argv)
-    for extra in args.extra:
-        if extra in EVALUATION_DERIVED:
-            parser.error(
-                f"--extra {extra}: its prompts are EAGLE's question files, which are evaluation "
-                "data; train on smollm2-broad or smollm2-tasks instead"
-            )
-        if extra in ANSWER_SET.values():
-            parser.error(f"--extra {extra}: that set is already a recipe's own data")
     for name in args.only or sorted(RECIPES):
         target, recipe = RECIPES[name]
         if args.remeasure:
@@ -274,6 +266,8 @@ def main(argv=None) -> int:
             )
         recipe = override(recipe, args.recipe, "recipe")
         recipe = dataclasses.replace(recipe, train=override(recipe.train, args.train, "train"))
+        extras = [*recipe.extra_sets, *((e, None) for e in args.extra)]
+        check_extra_sets(parser, [e for e, _ in extras])
         train_drafter(
             shared_path(target),
             recipe,
@@ -281,7 +275,7 @@ def main(argv=None) -> int:
             data_dir=features_dir(ANSWER_SET[name.split("-")[0]], recipe.fusion_layers),
             extra_data={
                 extra: (committed_answer_features(extra, n, recipe.fusion_layers), n)
-                for extra, n in [*recipe.extra_sets, *((e, None) for e in args.extra)]
+                for extra, n in extras
             },
             answers_dir=answers_dir(ANSWER_SET[name.split("-")[0]]),
             eval_n=args.eval_n,
@@ -290,6 +284,23 @@ def main(argv=None) -> int:
             calibrate=not args.no_calibrate,
         )
     return 0
+
+
+def check_extra_sets(parser, names) -> None:
+    """Refuse (parser.error) extra answer sets a run must not train on: those written from
+    evaluation prompts, a recipe's own set, and a set named twice (--extra on top of the
+    recipe's extra_sets would read it twice, or silently replace its shard count)."""
+    for extra in names:
+        if extra in EVALUATION_DERIVED:
+            parser.error(
+                f"extra set {extra}: its prompts are EAGLE's question files, which are "
+                "evaluation data; train on smollm2-broad or smollm2-tasks instead"
+            )
+        if extra in ANSWER_SET.values():
+            parser.error(f"extra set {extra}: that set is already a recipe's own data")
+    twice = sorted({e for e in names if names.count(e) > 1})
+    if twice:
+        parser.error(f"extra sets named twice: {twice} (in --recipe extra_sets and --extra?)")
 
 
 if __name__ == "__main__":

@@ -289,11 +289,15 @@ def cmd_train_drafter(args) -> int:
         kind=args.kind, target=loaded.model.config, draft_vocab_size=1, fusion_layers=fusion
     )
     data_kind = "chat" if loaded.tokenizer.chat_template else "story"
+    # Chat targets answer generated user turns: MT-bench and the EAGLE question files are
+    # evaluation data, never training prompts.
+    chat = dict(synthetic_prompts=args.prompts, prompt_style=args.prompt_style)
     distill = DistillConfig(
         kind=data_kind,
         temperatures=tuple(float(t) for t in args.temperatures.split(",")),
         max_new_tokens=args.answer_tokens,
         batch=args.distill_batch,
+        **(chat if data_kind == "chat" else {}),
     )
     recipe = DrafterRecipe(
         kind=args.kind,
@@ -425,6 +429,17 @@ def build_parser() -> argparse.ArgumentParser:
         "float32",
     )
     trn.add_argument("--draft-vocab", type=int, default=8192, help="compressed draft vocabulary")
+    trn.add_argument(
+        "--prompts", type=int, default=320, help="chat targets: generated user turns answered"
+    )
+    trn.add_argument(
+        "--prompt-style",
+        choices=("basic", "broad", "tasks"),
+        default="broad",
+        help="chat targets: the user turns' generator (basic: everyday requests, "
+        "specjax.train.prompts; broad: multi-part requests in eight families; tasks: "
+        "translation, summaries, questions on a passage, word problems)",
+    )
     trn.add_argument("--temperatures", default="0,0.7,1", help="one answer per prompt for each")
     trn.add_argument("--answer-tokens", type=int, default=256, help="max new tokens per answer")
     trn.add_argument("--distill-batch", type=int, default=32)

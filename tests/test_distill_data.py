@@ -1,6 +1,7 @@
 """Distillation data: answers kept apart from features and rebuilt teacher-forced, settings
 guarded, synthetic chat prompts (basic, broad and task prompts)."""
 
+import dataclasses
 import types
 
 import jax
@@ -108,8 +109,12 @@ def test_task_prompts_share_no_40_characters_with_an_evaluation_question():
 def test_training_prompts_take_sets_and_synthetic(loaded):
     both = DistillConfig(kind="chat", sets=("alpaca",), synthetic_prompts=5)
     assert len(training_prompts(loaded.tokenizer, both)) == 80 + 5
-    with pytest.raises(ValueError, match="never trained on"):
+    with pytest.raises(ValueError, match="never answered"):
         DistillConfig(kind="chat", sets=("mt_bench",))
+    # By default a chat target answers generated turns only: no question file is read.
+    assert DistillConfig(kind="chat", synthetic_prompts=3).sets == ()
+    with pytest.raises(ValueError, match="no prompts: set synthetic_prompts"):
+        DistillConfig(kind="chat")
     with pytest.raises(ValueError, match="chat prompts"):
         DistillConfig(kind="story", synthetic_prompts=3)
     broad = DistillConfig(kind="chat", sets=(), synthetic_prompts=7, prompt_style="broad")
@@ -241,3 +246,20 @@ def test_sampled_answers_depend_on_the_shard_key(loaded, tmp_path):
     # The same prompts answered twice at T=1 under two shard keys: not the same answers.
     assert not np.array_equal(data.tokens[:8], data.tokens[8:])
     assert jax.numpy.all(jnp.asarray(data.lengths) > jnp.asarray(data.prompt_lens))
+
+
+def test_story_answers_written_with_the_old_sets_default_stay_usable(tmp_path):
+    """Story manifests recorded the old chat default of `sets` (question files a story target
+    never reads): the new default reads the same data; a chat manifest's sets still count."""
+    import json
+
+    from specjax.train.data import EAGLE_QUESTION_SETS, _check_manifest
+
+    story = DistillConfig(kind="story")
+    old = {**dataclasses.asdict(story), "sets": list(EAGLE_QUESTION_SETS)}
+    (tmp_path / "manifest.json").write_text(json.dumps({"config": old}))
+    _check_manifest(tmp_path, {"config": json.loads(json.dumps(dataclasses.asdict(story)))})
+    chat = json.loads(json.dumps(dataclasses.asdict(CFG)))
+    (tmp_path / "manifest.json").write_text(json.dumps({"config": {**chat, "sets": ["sum"]}}))
+    with pytest.raises(ValueError, match="other settings"):
+        _check_manifest(tmp_path, {"config": chat})

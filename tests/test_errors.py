@@ -187,3 +187,26 @@ def test_train_drafter_refuses_bad_fusion_layers_before_distilling(shared_dir, t
     assert main([*argv, "--fusion-layers", "3,9"]) == 2
     assert "fusion_layers must be increasing layer indices in [1, 5)" in capsys.readouterr().err
     assert not (tmp_path / "stories260K-distill").exists()  # nothing was distilled
+
+
+def test_train_drafters_refuses_evaluation_and_repeated_answer_sets(capsys, monkeypatch):
+    """experiments/train_drafters.py refuses, before distilling anything, an answer set written
+    from evaluation prompts (through --extra or the recipe's extra_sets) and a set named twice."""
+    import importlib.util
+
+    from specjax.paths import repo_dir
+
+    path = repo_dir() / "experiments" / "train_drafters.py"
+    monkeypatch.syspath_prepend(str(path.parent))  # as when run: it imports its siblings
+    spec = importlib.util.spec_from_file_location("train_drafters_script", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    only = ["--only", "smollm2-mdc"]
+    for argv, named in (
+        (["--extra", "smollm2-chat"], "evaluation data"),
+        (["--recipe", "extra_sets=(('smollm2-chat', 4),)"], "evaluation data"),
+        (["--extra", "smollm2-broad"], "named twice"),  # the recipe's extra_sets hold it
+    ):
+        with pytest.raises(SystemExit) as stopped:
+            script.main([*only, *argv])
+        assert stopped.value.code == 2 and named in capsys.readouterr().err

@@ -25,11 +25,12 @@ new shard's answers there too, and fills a missing feature shard from an existin
 one teacher-forced pass instead of generating again. That is how distillation data outlives the
 feature cache and grows across runs.
 
-Prompt sets (held-out sets are never used here: MT-bench and EAGLE's qa set for chat targets,
-TinyStories dev paragraphs for story targets):
-    chat:  first turns of EAGLE's alpaca, gsm8k, humaneval and sum question files (`sets`), plus
-           `synthetic_prompts` generated user turns (specjax.train.prompts, broad_prompts,
-           task_prompts, or turns the target writes itself: self_prompts), chat template;
+Prompt sets (evaluation sets are never used by default: MT-bench and every EAGLE question file
+for chat targets, TinyStories dev paragraphs for story targets):
+    chat:  `synthetic_prompts` generated user turns (specjax.train.prompts, broad_prompts,
+           task_prompts, or turns the target writes itself: self_prompts), chat template; `sets`
+           adds first turns of EAGLE's alpaca, gsm8k, humaneval and sum question files, which
+           are evaluation data: only the old smollm2-chat answer set was written from them;
     story: the first 8 words of the TinyStories train-split paragraphs in the shared data folder.
 """
 
@@ -53,7 +54,10 @@ from specjax.decode import generate
 from specjax.paths import shared_dir
 from specjax.tree import causal_mask
 
-CHAT_TRAIN_SETS = ("alpaca", "gsm8k", "humaneval", "sum")
+# EAGLE question files a DistillConfig may name in `sets`: evaluation data, named only to
+# rebuild the smollm2-chat answer set (experiments/distill_answers.py) that was written from
+# them; no training run uses it. MT-bench and qa were never allowed.
+EAGLE_QUESTION_SETS = ("alpaca", "gsm8k", "humaneval", "sum")
 STORY_TRAIN_FILE = "tinystories_train_head.txt"
 PROMPT_STYLES = ("basic", "broad", "tasks", "self")
 
@@ -72,7 +76,7 @@ class DistillConfig:
     max_prompt_tokens: int = 512  # longer prompts (long articles to summarise) are skipped
     batch: int = 32
     seed: int = 0
-    sets: tuple[str, ...] = CHAT_TRAIN_SETS  # chat: which EAGLE question files
+    sets: tuple[str, ...] = ()  # chat: EAGLE question files added (evaluation data: see above)
     synthetic_prompts: int = 0  # chat: generated user turns added (see prompt_style)
     # "basic": specjax.train.prompts (short everyday requests); "broad":
     # specjax.train.broad_prompts (multi-part requests in eight task families); "tasks":
@@ -94,11 +98,16 @@ class DistillConfig:
             raise ValueError(
                 f"unknown prompt_style {self.prompt_style!r}; choose from {PROMPT_STYLES}"
             )
-        unknown = set(self.sets) - set(CHAT_TRAIN_SETS)
+        unknown = set(self.sets) - set(EAGLE_QUESTION_SETS)
         if unknown:
             raise ValueError(
-                f"unknown training sets {sorted(unknown)}; choose from {CHAT_TRAIN_SETS} "
-                "(the evaluation sets mt_bench and qa are never trained on)"
+                f"unknown question sets {sorted(unknown)}; choose from {EAGLE_QUESTION_SETS} "
+                "(the evaluation sets mt_bench and qa are never answered)"
+            )
+        if self.kind == "chat" and not self.sets and not self.synthetic_prompts:
+            raise ValueError(
+                "a chat DistillConfig with no prompts: set synthetic_prompts (generated user "
+                "turns of prompt_style)"
             )
 
 
@@ -212,6 +221,12 @@ def add_features(model, answers: dict, batch: int = 8, fusion_layers: tuple[int,
     return shard
 
 
+def _data_settings(config: dict) -> dict:
+    """A manifest's DistillConfig less the fields that do not change its data (story prompts
+    read no question files: story manifests were written with the old chat default of `sets`)."""
+    return {k: v for k, v in config.items() if not (k == "sets" and config["kind"] == "story")}
+
+
 def _check_manifest(directory: Path, manifest: dict) -> None:
     """Write directory/manifest.json, refusing a directory made with other settings. A manifest
     written before a DistillConfig field existed reads as that field's default."""
@@ -225,7 +240,7 @@ def _check_manifest(directory: Path, manifest: dict) -> None:
             if f.default is not dataclasses.MISSING
         }
         old_config = json.loads(json.dumps(defaults)) | old["config"]
-        if old_config != manifest["config"]:
+        if _data_settings(old_config) != _data_settings(manifest["config"]):
             raise ValueError(
                 f"{directory} holds data made with other settings ({old['config']}); "
                 "use another directory or delete it"

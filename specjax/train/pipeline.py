@@ -291,7 +291,9 @@ def _prompt_sets(cfg) -> str:
         return "TinyStories train prefixes"
     parts = [f"EAGLE {'/'.join(cfg.sets)} first turns"] if cfg.sets else []
     if cfg.synthetic_prompts:
-        parts.append("synthetic chat prompts (specjax.train.prompts)")
+        module = {"basic": "prompts", "broad": "broad_prompts", "tasks": "task_prompts",
+                  "self": "self_prompts"}[cfg.prompt_style]  # fmt: skip
+        parts.append(f"{cfg.synthetic_prompts} generated chat prompts (specjax.train.{module})")
     return " and ".join(parts)
 
 
