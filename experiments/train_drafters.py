@@ -151,7 +151,9 @@ def committed_answer_features(
     from specjax.train.data import build_dataset
 
     target, cfg = ANSWER_SETS[name]
-    answered = len(list(answers_dir(name).glob("shard_*.npz")))
+    # A crash mid-write leaves shard_N.tmp.npz behind: not an answered shard.
+    shards_done = answers_dir(name).glob("shard_*.npz")
+    answered = sum(not p.name.endswith(".tmp.npz") for p in shards_done)
     if not answered or answered < (shards or 0):
         raise ValueError(
             f"answer set {name} has {answered} shards ({shards} needed): run "

@@ -132,6 +132,19 @@ def test_draft_vocab_outside_the_target_vocabulary(tmp_path, tiny_target):
         load_drafter(tmp_path / "d", tiny_target)
 
 
+def test_saving_new_weights_removes_what_was_measured_on_the_old(tmp_path, tiny_target):
+    """Training into a drafter's folder again must not leave its old acceptance profile or
+    pre-verifier beside the new weights: load_drafter would attach them."""
+    vocab = np.arange(TINY.vocab_size)
+    folder = tmp_path / "d"
+    save_drafter(random_net(tiny_target, "eagle", vocab), folder, target=tiny_target)
+    (folder / "acceptance.json").write_text("[]")
+    (folder / "pre_verifier").mkdir()
+    (folder / "pre_verifier" / "pre_verifier.json").write_text("{}")
+    save_drafter(random_net(tiny_target, "eagle", vocab), folder, target=tiny_target)
+    assert sorted(p.name for p in folder.iterdir()) == ["drafter.json", "params"]
+
+
 # -- decoding arguments ----------------------------------------------------------------------------
 
 

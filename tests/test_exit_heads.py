@@ -2,6 +2,8 @@
 target: the kinds' readouts, that training moves an exit toward the last layer, and the
 checkpoint round trip with its refusals."""
 
+import json
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -104,6 +106,11 @@ def test_checkpoint_round_trip_and_refusals(target, tmp_path):
         load_exit_heads(out, other)
     with pytest.raises(ValueError, match="no readable hispec.json"):
         load_exit_heads(tmp_path, target)
+    header = json.loads((out / "hispec.json").read_text())
+    del header["exits"]["verify"]
+    (out / "hispec.json").write_text(json.dumps(header))
+    with pytest.raises(ValueError, match=r"missing \['exits.verify'\]: copy the directory again"):
+        load_exit_heads(out, target)
     with pytest.raises(ValueError, match="share one exit vocabulary"):
         save_exit_heads({"draft": make("linear"), "verify": make("linear", vocab=VOCAB[:5])},
                         tmp_path / "bad", target=target, target_name="tiny")  # fmt: skip

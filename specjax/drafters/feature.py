@@ -161,7 +161,9 @@ class FeatureDrafter(nnx.Module):
     def check_compatible(self, target) -> None:
         """Raise ValueError if this drafter was not built for `target`'s shapes."""
         mine, theirs = self.net.config.target, target.config
-        fields = ("vocab_size", "d_model", "n_heads", "n_kv_heads", "head_dim", "ffn_dim")
+        # n_layers too: the drafter reads the hidden state after the target's last layer.
+        fields = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim",
+                  "ffn_dim")  # fmt: skip
         diff = [f for f in fields if getattr(mine, f) != getattr(theirs, f)]
         if diff:
             detail = ", ".join(f"{f} {getattr(mine, f)} vs {getattr(theirs, f)}" for f in diff)

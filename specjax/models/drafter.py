@@ -43,7 +43,7 @@ so both the LM-head cost of drafting and of training scale with U, not V.
 
 This module holds the weights and the pure math (fused inputs, one layer step with extra
 per-query keys, readouts, the unrolled training forward). The Drafter protocol (trees, reuse,
-commits) lives in specjax.feature_drafter.
+commits) lives in specjax.drafters.feature.
 """
 
 from __future__ import annotations

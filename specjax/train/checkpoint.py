@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import shutil
 from pathlib import Path
 
 import jax
@@ -35,9 +36,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from specjax.acceptance import PROFILE_FILE
 from specjax.config import ModelConfig
 from specjax.kernels import cpu_panels
 from specjax.models.drafter import DrafterConfig, DrafterNet
+from specjax.models.pre_verifier import FOLDER as PRE_VERIFIER_FOLDER
 
 FORMAT = "specjax-drafter"
 VERSION = 1
@@ -150,10 +153,11 @@ def save_drafter(
     target=None,
     fingerprint: str | None = None,
 ) -> Path:
-    """Write net to out_dir (created; an existing params/ is replaced). target: the model it was
-    trained for, whose target_fingerprint is stored (or pass the fingerprint itself); without
-    either the header has none and load_drafter cannot tell the drafter's target apart from
-    another of the same shapes."""
+    """Write net to out_dir (created; an existing params/ is replaced, and what was measured on
+    the weights it replaces, the acceptance profile and the pre-verifier, is removed). target:
+    the model it was trained for, whose target_fingerprint is stored (or pass the fingerprint
+    itself); without either the header has none and load_drafter cannot tell the drafter's
+    target apart from another of the same shapes."""
     if target is not None:
         if fingerprint is not None:
             raise ValueError("pass target or fingerprint, not both")
@@ -167,6 +171,10 @@ def save_drafter(
     ckpt_dir = out_dir / "params"
     with ocp.StandardCheckpointer() as ckptr:
         ckptr.save(ckpt_dir, tree, force=True)
+    # A profile or pre-verifier of other weights would be loaded with these (load_drafter) and
+    # mispredict or misprune them: calibrate and train them again for the new weights.
+    (out_dir / PROFILE_FILE).unlink(missing_ok=True)
+    shutil.rmtree(out_dir / PRE_VERIFIER_FOLDER, ignore_errors=True)
     header = {
         "format": FORMAT,
         "version": VERSION,

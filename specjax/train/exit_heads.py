@@ -281,6 +281,13 @@ def load_exit_heads(path: str | Path, target) -> dict:
             f"({header.get('target_name') or 'unnamed'}); train them for this one with "
             "experiments/train_exit_heads.py"
         )
+    missing = [k for k in ("exits", "vocab_size", "dtype") if k not in header]
+    missing += [f"exits.{r}" for r in ROLES if r not in header.get("exits", {})]
+    if missing:
+        raise ValueError(
+            f"{path / 'hispec.json'}: missing {missing}: copy the directory again or train the "
+            "exit heads with experiments/train_exit_heads.py"
+        )
     cfg = target.config
     vocab = np.zeros((int(header["vocab_size"]),), np.int32)
 
@@ -300,7 +307,10 @@ def load_exit_heads(path: str | Path, target) -> dict:
         with ocp.StandardCheckpointer() as ckptr:
             tree = ckptr.restore(path / "params", abstract)
     except Exception as e:  # orbax / tensorstore raise many types for damaged files
-        raise ValueError(f"{path / 'params'}: could not be restored ({type(e).__name__})") from e
+        raise ValueError(
+            f"{path / 'params'}: could not be restored ({type(e).__name__}: {e}); copy the "
+            "directory again or train the exit heads with experiments/train_exit_heads.py"
+        ) from e
     for r, h in heads.items():
         state = nnx.state(h, nnx.Param)
         nnx.replace_by_pure_dict(state, jax.tree.map(lambda x: jnp.asarray(x, jnp.float32),
