@@ -660,7 +660,10 @@ class HiddenStateDrafter(FeatureDrafter):
                 logp_stale = self._draft_logp(net.logits(parts, hs, parent, anc), sampling)
                 both = jnp.take_along_axis(recomputed_stale, d, axis=1)[..., None]  # [B, W, 1]
                 mixed = jax.nn.log_softmax((logp + logp_stale) / 2, axis=-1)
-                logp = jnp.where(both, mixed, logp)
+                # Under top-k / top-p the two kept sets may not meet: every entry -inf, the
+                # softmax NaN; such a row keeps its fresh distribution.
+                met = jnp.isfinite(mixed).any(axis=-1, keepdims=True)
+                logp = jnp.where(both & met, mixed, logp)
             # The frontier node's token is its children's parent and their children's nearest
             # ancestor.
             child = {
