@@ -250,7 +250,8 @@ def test_sampled_answers_depend_on_the_shard_key(loaded, tmp_path):
 
 def test_story_answers_written_with_the_old_sets_default_stay_usable(tmp_path):
     """Story manifests recorded the old chat default of `sets` (question files a story target
-    never reads): the new default reads the same data; a chat manifest's sets still count."""
+    never reads): the new default reads the same data; a chat manifest's sets still count, and
+    so does the model the data came from."""
     import json
 
     from specjax.train.data import EAGLE_QUESTION_SETS, _check_manifest
@@ -263,3 +264,8 @@ def test_story_answers_written_with_the_old_sets_default_stay_usable(tmp_path):
     (tmp_path / "manifest.json").write_text(json.dumps({"config": {**chat, "sets": ["sum"]}}))
     with pytest.raises(ValueError, match="other settings"):
         _check_manifest(tmp_path, {"config": chat})
+    # Another model's data is refused too (the source's file name: checkouts differ in paths).
+    (tmp_path / "manifest.json").write_text(json.dumps({"source": "/a/m1.gguf", "config": chat}))
+    _check_manifest(tmp_path, {"source": "/b/m1.gguf", "config": chat})
+    with pytest.raises(ValueError, match=r"another model \(m1.gguf\), not m2.gguf"):
+        _check_manifest(tmp_path, {"source": "/a/m2.gguf", "config": chat})

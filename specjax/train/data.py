@@ -245,6 +245,12 @@ def _check_manifest(directory: Path, manifest: dict) -> None:
                 f"{directory} holds data made with other settings ({old['config']}); "
                 "use another directory or delete it"
             )
+        old_source, new_source = (Path(m.get("source") or "").name for m in (old, manifest))
+        if old_source and new_source and old_source != new_source:
+            raise ValueError(
+                f"{directory} holds data of another model ({old_source}), not {new_source}: "
+                "use another directory or delete it"
+            )
         if old.get("fusion_layers", []) != manifest.get("fusion_layers", []):
             raise ValueError(
                 f"{directory} holds features of the fusion layers {old.get('fusion_layers', [])}"
