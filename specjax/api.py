@@ -41,12 +41,14 @@ def speculative_generate(
     LMDrafter.self_draft(k)); prompts: list of token-id lists (ragged) or int array [B, T];
     verifier: a Verifier (default FullVerifier(): the whole target verifies every node).
     Returns GenerateOutput(tokens [B, max_new_tokens], lengths [B], stats) with stats
-    target_calls [B] (verification steps), tau [B] (mean tokens emitted per verification, accepted
-    + 1), accepted_hist [B, max_depth + 1] and nonfinite_logits [B] (steps in which the target
-    produced NaN/inf logits: the output of such a row is not trustworthy; it is reported, not
-    raised, since the check runs inside the compiled loop; absent where SpecConfig.auto() chose
-    plain decoding, which runs `generate` and does not check). Greedy output equals `generate`'s;
-    sampled output has the same distribution.
+    target_calls [B] (verification steps), tau [B] (mean accepted + 1 per verification, the
+    acceptance length; a row's last step counts its whole accepted path even where
+    max_new_tokens or EOS cut it, so the tokens emitted per call, (lengths - 1) / target_calls,
+    can be a little lower), accepted_hist [B, max_depth + 1] and nonfinite_logits [B] (steps
+    in which the target produced NaN/inf logits: the output of such a row is not trustworthy;
+    it is reported, not raised, since the check runs inside the compiled loop; absent where
+    SpecConfig.auto() chose plain decoding, which runs `generate` and does not check). Greedy
+    output equals `generate`'s; sampled output has the same distribution.
 
     config: SpecConfig.auto() (the default) chooses the draft tree for this backend, target,
     drafter and batch (specjax.choice; the first call measures costs and may calibrate, both kept

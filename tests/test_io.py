@@ -132,6 +132,49 @@ def test_missing_tensor_in_hf_dir(tmp_path):
         specjax.load(tmp_path)
 
 
+TINY_HF_CONFIG = dict(
+    model_type="llama", vocab_size=16, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+    num_key_value_heads=2, intermediate_size=16, tie_word_embeddings=True,
+)  # fmt: skip
+
+
+def test_hf_features_the_target_would_ignore_are_refused(tmp_path):
+    """An output-projection bias, an MLP of another kind, RoPE scaling under rope_parameters or
+    a config lacking a key are refused, naming the problem; a sliding window caps the context
+    at the window, where whole-context attention is the same."""
+    safetensors_numpy = pytest.importorskip("safetensors.numpy")
+    import json
+
+    from specjax.io.hf import hf_config
+
+    layer = {
+        "input_layernorm.weight": (8,), "post_attention_layernorm.weight": (8,),
+        "self_attn.q_proj.weight": (8, 8), "self_attn.k_proj.weight": (8, 8),
+        "self_attn.v_proj.weight": (8, 8), "self_attn.o_proj.weight": (8, 8),
+        "self_attn.o_proj.bias": (8,), "mlp.gate_proj.weight": (16, 8),
+        "mlp.up_proj.weight": (16, 8), "mlp.down_proj.weight": (8, 16),
+    }  # fmt: skip
+    tensors = {f"model.layers.0.{k}": np.ones(v, np.float32) for k, v in layer.items()}
+    tensors |= {"model.embed_tokens.weight": np.ones((16, 8), np.float32),
+                "model.norm.weight": np.ones(8, np.float32)}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(TINY_HF_CONFIG))
+    safetensors_numpy.save_file(tensors, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ValueError, match=r"does not use \(\['layers.0.self_attn.o_proj.bias'\]"):
+        specjax.load(tmp_path)
+    for change, named in (
+        ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
+        ({"mlp_bias": True}, "and biases"),
+        ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5}}, r"RoPE scaling \(llama3"),
+        ({"intermediate_size": None}, r"lacks \['intermediate_size'\]"),
+    ):
+        cfg = {k: v for k, v in {**TINY_HF_CONFIG, **change}.items() if v is not None}
+        with pytest.raises(ValueError, match=named):
+            hf_config(cfg, "m")
+    window = {**TINY_HF_CONFIG, "max_position_embeddings": 4096, "sliding_window": 1024}
+    assert hf_config(window, "m").max_seq_len == 1024
+    assert hf_config({**window, "use_sliding_window": False}, "m").max_seq_len == 4096
+
+
 def test_unsupported_model_type(tmp_path):
     import json
 
@@ -156,9 +199,10 @@ def test_gguf_garbage_is_rejected(tmp_path):
         specjax.load(bad)
 
 
-def write_tiny_gguf(path, cfg, weights):
+def write_tiny_gguf(path, cfg, weights, extra=None):
     """A llama GGUF of `cfg` holding `weights` (canonical [in, out] matrices, stored [out, in]
-    as llama.cpp does) and a byte-level BPE tokenizer of cfg.vocab_size tokens."""
+    as llama.cpp does) and a byte-level BPE tokenizer of cfg.vocab_size tokens; extra(writer)
+    adds metadata or tensors."""
     import gguf
 
     from specjax.io.gguf_reader import _LAYER_NAMES
@@ -180,11 +224,32 @@ def write_tiny_gguf(path, cfg, weights):
         if name in weights:
             for i, layer in enumerate(weights[name]):
                 w.add_tensor(f"blk.{i}.{gguf_name}.weight", layer.T if layer.ndim == 2 else layer)
+    if extra is not None:
+        extra(w)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def test_gguf_features_the_target_would_ignore_are_refused(tmp_path):
+    """RoPE scaling, a sliding window or a tensor the loader would not read: the model would
+    load and compute something else, so loading refuses it, naming what."""
+    from specjax.models.target import weight_shapes
+
+    weights = {k: np.ones(s, np.float32) for k, s in weight_shapes(specjax.TINY).items()}
+    half = specjax.TINY.head_dim // 2
+    cases = {
+        "RoPE scaling": lambda w: w.add_tensor("rope_freqs.weight", np.ones(half, np.float32)),
+        "sliding-window attention": lambda w: w.add_uint32("llama.attention.sliding_window", 8),
+        "does not use": lambda w: w.add_tensor("blk.0.attn_output.bias", np.ones(4, np.float32)),
+        "head dimensions": lambda w: w.add_uint32("llama.rope.dimension_count", half),
+    }
+    for i, (named, extra) in enumerate(cases.items()):
+        path = write_tiny_gguf(tmp_path / f"m{i}.gguf", specjax.TINY, weights, extra)
+        with pytest.raises(ValueError, match=named):
+            specjax.load(path)
 
 
 def test_gguf_is_parsed_once_and_read_exactly(tmp_path, monkeypatch):

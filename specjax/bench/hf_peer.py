@@ -137,7 +137,8 @@ class _HFRunner(Runner):
 
     def decoded(self) -> Decoded:
         tokens = [t for t, _ in self.outputs]
-        tau = [len(t) / max(calls, 1) for t, calls in self.outputs]
+        # As for specjax's rows: tokens after the prefill's first over the calls after it.
+        tau = [(len(t) - 1) / max(calls - 1, 1) for t, calls in self.outputs]
         return Decoded(tokens=tokens, tau=tau)
 
 

@@ -80,6 +80,36 @@ def _plain_map_reader_class():
     return PlainMapReader
 
 
+def _refuse_unsupported(path, reader, arch: str, cfg: ModelConfig, tensors: dict) -> None:
+    """ValueError for what the target would silently compute differently from the file's model:
+    RoPE scaling (a frequency-factor tensor or a scaling type), partial rotary dimensions, a
+    sliding attention window, and any tensor the loader would leave unread."""
+    unsupported = []
+    scaling = field_value(reader, f"{arch}.rope.scaling.type")
+    if "rope_freqs.weight" in tensors or scaling not in (None, "none"):
+        unsupported.append(f"RoPE scaling ({scaling or 'rope_freqs.weight'})")
+    rotary = field_value(reader, f"{arch}.rope.dimension_count")
+    if rotary is not None and int(rotary) != cfg.head_dim:
+        unsupported.append(f"RoPE over {rotary} of {cfg.head_dim} head dimensions")
+    if field_value(reader, f"{arch}.attention.sliding_window") is not None:
+        unsupported.append("sliding-window attention")
+    read = {"token_embd.weight", "output_norm.weight", "output.weight"}
+    for gguf_name, name in _LAYER_NAMES.items():
+        if name.startswith("b") and not cfg.qkv_bias:
+            continue
+        suffix = "" if gguf_name.endswith(".bias") else ".weight"
+        read.update(f"blk.{i}.{gguf_name}{suffix}" for i in range(cfg.n_layers))
+    unread = sorted(set(tensors) - read)
+    if unread:
+        more = f" and {len(unread) - 3} more" if len(unread) > 3 else ""
+        unsupported.append(f"tensors this Llama layout does not use ({unread[:3]}{more})")
+    if unsupported:
+        raise ValueError(
+            f"{path}: not supported: {'; '.join(unsupported)}. specjax runs Llama, Mistral and "
+            "Qwen2 models without these: use such a model (or its transformers checkpoint)"
+        )
+
+
 def open_gguf(path: str | Path):
     """Parse a GGUF file's metadata and tensor records (tensor data stays on disk, mapped).
 
@@ -136,6 +166,8 @@ def read_gguf(path_or_reader) -> tuple[ModelConfig, dict[str, np.ndarray]]:
         qkv_bias="blk.0.attn_q.bias" in tensors,
         max_seq_len=int(meta("context_length", 2048)),
     )
+
+    _refuse_unsupported(path, reader, arch, cfg, tensors)
 
     def get(name):
         if name not in tensors:

@@ -14,6 +14,9 @@ import numpy as np
 from specjax.config import ModelConfig
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+_REQUIRED_KEYS = (
+    "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"
+)  # fmt: skip
 _LAYER_NAMES = {
     "input_layernorm.weight": "attn_norm",
     "self_attn.q_proj.weight": "wq",
@@ -39,6 +42,18 @@ def hf_config(cfg_json: dict, where: str) -> ModelConfig:
         )
     if cfg_json.get("rope_scaling"):
         raise ValueError(f"{where}: rope_scaling {cfg_json['rope_scaling']} is not supported yet")
+    rope_type = (cfg_json.get("rope_parameters") or {}).get("rope_type", "default")
+    if rope_type != "default":  # newer transformers keep the scaling under rope_parameters
+        raise ValueError(f"{where}: RoPE scaling ({rope_type}) is not supported yet")
+    if cfg_json.get("hidden_act", "silu") != "silu" or cfg_json.get("mlp_bias"):
+        raise ValueError(
+            f"{where}: an MLP with hidden_act {cfg_json.get('hidden_act')!r}"
+            f"{' and biases' if cfg_json.get('mlp_bias') else ''} is not supported (specjax's "
+            "is SwiGLU without biases)"
+        )
+    missing = [k for k in _REQUIRED_KEYS if k not in cfg_json]
+    if missing:
+        raise ValueError(f"{where}: config.json lacks {missing}: is it a Llama-family config?")
     n_heads = cfg_json["num_attention_heads"]
     d_model = cfg_json["hidden_size"]
     rope_theta = cfg_json.get("rope_theta")
@@ -57,8 +72,36 @@ def hf_config(cfg_json: dict, where: str) -> ModelConfig:
         rope_layout="half",
         tie_embeddings=bool(cfg_json.get("tie_word_embeddings", False)),
         qkv_bias=model_type == "qwen2" or bool(cfg_json.get("attention_bias", False)),
-        max_seq_len=cfg_json.get("max_position_embeddings", 2048),
+        max_seq_len=_context_length(cfg_json),
     )
+
+
+def _context_length(cfg_json: dict) -> int:
+    """max_position_embeddings, capped at the sliding window where one applies: up to the
+    window, attention over the whole context is the same as the window's, and past it specjax
+    would attend where the model does not."""
+    length = cfg_json.get("max_position_embeddings", 2048)
+    window = cfg_json.get("sliding_window")
+    if window and cfg_json.get("use_sliding_window", True) is not False:
+        length = min(length, int(window))
+    return length
+
+
+def check_all_read(where: str, names, cfg: ModelConfig) -> None:
+    """ValueError naming the tensors of a checkpoint that the Llama layout would not read (an
+    output-projection bias, a model of another layout): loading without them would compute
+    something else. Names without their "model." prefix."""
+    read = {"embed_tokens.weight", "norm.weight", "lm_head.weight"}  # lm_head: tied copies too
+    for hf_name, name in _LAYER_NAMES.items():
+        if not (name.startswith("b") and not cfg.qkv_bias):
+            read.update(f"layers.{i}.{hf_name}" for i in range(cfg.n_layers))
+    unread = sorted(n for n in set(names) - read if not n.endswith("rotary_emb.inv_freq"))
+    if unread:
+        more = f" and {len(unread) - 3} more" if len(unread) > 3 else ""
+        raise ValueError(
+            f"{where}: tensors the Llama layout does not use ({unread[:3]}{more}): this "
+            "architecture variant is not supported"
+        )
 
 
 class LazyTensor:
@@ -113,6 +156,7 @@ def _lazy_weights(path: Path, cfg: ModelConfig, files: list[Path]) -> dict[str, 
         parts = [where[n][:2] for n in names]
         return LazyTensor(parts, shape, transpose=transpose, stacked=stacked)
 
+    check_all_read(str(path), where, cfg)
     weights = {
         "embed": lazy(["embed_tokens.weight"], False, False),
         "final_norm": lazy(["norm.weight"], False, False),
@@ -148,6 +192,8 @@ def read_hf_dir(
         with safe_open(str(f), framework="flax") as st:
             for name in st.keys():
                 raw[name.removeprefix("model.")] = np.asarray(st.get_tensor(name), np.float32)
+
+    check_all_read(str(path), raw, cfg)
 
     def get(name):
         if name not in raw:
