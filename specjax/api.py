@@ -17,7 +17,14 @@ from specjax.acceptance import mode_of
 from specjax.cache import tree_reserve
 from specjax.choice import call_context, call_prefill_seconds, resolve_auto
 from specjax.config import AutoSpecConfig, SamplingConfig, SpecConfig, TreeConfig
-from specjax.decode import GenerateOutput, check_eos, check_sampling, generate, prepare_prompts
+from specjax.decode import (
+    GenerateOutput,
+    check_eos,
+    check_sampling,
+    generate,
+    prepare_keys,
+    prepare_prompts,
+)
 from specjax.hispec import HiSpec, hispec_generate
 from specjax.hispec_choice import choose_hispec
 from specjax.speculative import pruning_pre_verifier, speculative_decode
@@ -79,7 +86,7 @@ def speculative_generate(
                                   **kwargs)  # fmt: skip
     started = time.perf_counter()
     choice, width = _choose_config(
-        target, drafter, prompts, config, sampling, max_new_tokens, eos_id
+        target, drafter, prompts, config, sampling, max_new_tokens, eos_id, key, verifier
     )
     shape = programs.shape_of(target, drafter, mode_of(sampling), len(prompts), width,
                               max_new_tokens)  # fmt: skip
@@ -289,20 +296,27 @@ def _plain_stats(lengths: jax.Array) -> dict:
     }
 
 
-def _check_call(target, drafter, prompts, sampling, max_new_tokens, eos_id, extra_slots):
+def _check_call(target, drafter, prompts, sampling, max_new_tokens, eos_id, extra_slots, *,
+                key=None, verifier=None):  # fmt: skip
     """The call's input checked before anything is measured or compiled: (the padded prompt ids
     [B, T], each prompt's length [B])."""
     check_sampling(sampling)
     drafter.check_compatible(target)
+    if verifier is not None and hasattr(verifier, "check_compatible"):
+        verifier.check_compatible(target)
     check_eos(eos_id, target.config)
-    return prepare_prompts(prompts, target.config, max_new_tokens, extra_slots=extra_slots)
+    ids, lens = prepare_prompts(prompts, target.config, max_new_tokens, extra_slots=extra_slots)
+    prepare_keys(key, ids.shape[0])  # one key or one per row
+    return ids, lens
 
 
-def _choose_config(target, drafter, prompts, auto, sampling, max_new_tokens, eos_id):
+def _choose_config(target, drafter, prompts, auto, sampling, max_new_tokens, eos_id, key,
+                   verifier):  # fmt: skip
     """Validate what needs no tree, then choose the tree (specjax.choice.resolve_auto).
     Returns (the choice, the padded prompt width)."""
     extra = tree_reserve(1, 1)
-    ids, lens = _check_call(target, drafter, prompts, sampling, max_new_tokens, eos_id, extra)
+    ids, lens = _check_call(target, drafter, prompts, sampling, max_new_tokens, eos_id, extra,
+                            key=key, verifier=verifier)  # fmt: skip
     room = target.config.max_seq_len - ids.shape[1] - max_new_tokens - 1
     # Calibration (where the pair has no profile yet) runs on the prompts, not on their padding.
     rows = [row[:n] for row, n in zip(np.asarray(ids), lens, strict=True)]

@@ -373,6 +373,11 @@ def test_cli_demo_stories_times_both_sides(shared_dir, capsys):
     assert "identical to autoregressive output: True" in err
     with pytest.raises(SystemExit, match="--rounds must be at least 1, got 0"):
         main([*argv, "--rounds", "0"])
+    # Flags that would do nothing are refused, before any model loads.
+    with pytest.raises(SystemExit, match="--pair stories drafts with llama2xs-279K"):
+        main([*argv, "--drafter", "mdc"])
+    with pytest.raises(SystemExit, match="--tree needs --drafter"):
+        main(["generate", "--model", "nowhere.bin", "--prompt", "x", "--tree", "4,4,1"])
 
 
 def test_unknown_dataset_and_target_are_errors():

@@ -7,6 +7,7 @@ import dataclasses
 import math
 
 import chex
+import jax
 import numpy as np
 import pytest
 from auto_checks import PREFILL_S, keep_costs, static_profile
@@ -461,6 +462,12 @@ def test_auto_calibrates_on_the_prompts_not_their_padding(monkeypatch):
             specjax.speculative_generate(target, LMDrafter.self_draft(1), prompts,
                                          max_new_tokens=4, config=auto)  # fmt: skip
     assert seen == [[[1, 2, 3], [4, 5, 6]]] * 2
+    # Keys are checked before the choice measures anything.
+    with pytest.raises(ValueError, match="key must be one key or 2 per-row keys"):
+        specjax.speculative_generate(target, LMDrafter.self_draft(1), [[1, 2], [3]],
+                                     max_new_tokens=4, config=auto,
+                                     key=jax.random.split(jax.random.key(0), 3))  # fmt: skip
+    assert len(seen) == 2
 
 
 def test_auto_settings_that_cannot_hold_are_refused():

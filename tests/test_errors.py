@@ -145,6 +145,36 @@ def test_saving_new_weights_removes_what_was_measured_on_the_old(tmp_path, tiny_
     assert sorted(p.name for p in folder.iterdir()) == ["drafter.json", "params"]
 
 
+def test_tree_flag_leaves_room_for_the_levels_below():
+    from specjax.drafters.spec import parse_tree
+
+    # 8 nodes, depth 3, top-2: (2, 2, 1) needs 10; the widest that fits is (2, 1, 1).
+    assert parse_tree("8,3,2").branching == (2, 1, 1)
+    assert parse_tree("14,3,2").branching == (2, 2, 2)
+    assert parse_tree("4,4,1").branching == (1, 1, 1, 1)
+    with pytest.raises(ValueError, match="a chain of depth 5 alone needs 5 nodes"):
+        parse_tree("4,5,2")
+
+
+def test_drafter_switches_a_drafter_lacks_are_refused():
+    """DIR:SWITCH naming a setting the drafter does not have is refused before loading, not
+    ignored (an eagle has no reuse) or failed deep in the loader (HiSpec has no reuse)."""
+    from specjax.drafters.spec import make_drafter
+    from specjax.paths import repo_dir
+
+    for name, switch, named in (
+        ("stories260K-eagle", "noreuse", "an eagle drafter has no switch noreuse"),
+        ("stories260K-ngram", "stale", "an n-gram drafter has no switch stale"),
+        ("stories260K-hispec", "fresh2", "HiSpec exit heads has no switch freshN"),
+        ("stories260K-mdc", "buffer4", "an mdc drafter has no switch bufferN"),
+    ):
+        path = repo_dir() / "checkpoints" / name
+        if not path.exists():
+            pytest.skip(f"{path} is not in this checkout")
+        with pytest.raises(ValueError, match=named):
+            make_drafter(f"{path}:{switch}", None)
+
+
 # -- decoding arguments ----------------------------------------------------------------------------
 
 

@@ -79,6 +79,22 @@ def test_llama2c_v1_equals_legacy(stories_file, tmp_path):
     )
 
 
+def test_llama2c_takes_the_tokenizer_of_its_vocabulary(stories_file, tmp_path):
+    """Beside a 512-token model, tok0600.bin (another model's, sorted first) is passed over for
+    tok512.bin; with no tokenizer that fits, loading names the files and what to do."""
+    import shutil
+    import struct
+
+    model = tmp_path / "stories260K.bin"
+    shutil.copy(stories_file, model)
+    other = struct.pack("<i", 1) + b"".join(struct.pack("<fi", 0.0, 1) + b"x" for _ in range(600))
+    (tmp_path / "tok0600.bin").write_bytes(other)
+    with pytest.raises(ValueError, match=r"tok0600.bin: 600\): pass tokenizer=PATH"):
+        specjax.load(model)
+    shutil.copy(stories_file.parent / "tok512.bin", tmp_path / "tok512.bin")
+    assert specjax.load(model).tokenizer.vocab_size == 512
+
+
 def test_truncated_llama2c_names_the_mismatch(stories_file, tmp_path):
     bad = tmp_path / "truncated.bin"
     bad.write_bytes(stories_file.read_bytes()[:-400])

@@ -19,6 +19,7 @@ from specjax.config import TreeConfig
 from specjax.drafters.lm import LMDrafter
 from specjax.drafters.loading import load_drafter
 from specjax.io import load
+from specjax.train.checkpoint import read_header
 
 
 def parse_tree(spec: str | None, default_depth: int = 4):
@@ -34,14 +35,17 @@ def parse_tree(spec: str | None, default_depth: int = 4):
     if min(budget, depth, topk) < 1:
         raise ValueError(f"--tree values must be >= 1, got {spec!r}")
     branching = []
-    for _ in range(depth):
-        b = topk if TreeConfig(branching=(*branching, topk)).num_nodes - 1 <= budget else 1
-        branching.append(b)
+    for d in range(depth):
+        # TOPK here only where the single children still to come below it fit too; after the
+        # first single-child level, single children down to DEPTH.
+        wide = TreeConfig(branching=(*branching, topk) + (1,) * (depth - d - 1))
+        narrowed = bool(branching) and branching[-1] == 1
+        branching.append(topk if wide.num_nodes - 1 <= budget and not narrowed else 1)
     tree = TreeConfig(branching=tuple(branching))
     if tree.num_nodes - 1 > budget:
         raise ValueError(
-            f"--tree {spec}: depth {depth} alone needs {tree.num_nodes - 1} nodes "
-            f"(> budget {budget})"
+            f"--tree {spec}: a chain of depth {depth} alone needs {tree.num_nodes - 1} nodes "
+            f"(> budget {budget}): raise N or lower DEPTH"
         )
     return tree
 
@@ -131,14 +135,36 @@ def make_drafter(spec: str, target_loaded):
     if is_hispec(path):
         from specjax.hispec import HiSpec
 
+        _check_switches(spec, switches, "HiSpec exit heads", ("buffer",))
         if target_loaded is None:
             raise ValueError(f"{spec}: HiSpec exit heads need their target to load")
         return HiSpec.from_checkpoint(path, target_loaded.model, **switches)
     if is_feature_drafter(path) or is_ngram(path):
+        if is_ngram(path):
+            _check_switches(spec, switches, "an n-gram drafter", ("pre_verifier",))
+        elif read_header(path).get("kind") == "mdc":
+            allowed = ("reuse", "fresh_slots", "stale_logits", "pre_verifier")
+            _check_switches(spec, switches, "an mdc drafter", allowed)
+        else:
+            _check_switches(spec, switches, "an eagle drafter", ("pre_verifier",))
         if target_loaded is None:
             raise ValueError(f"{spec}: a trained drafter needs its target to load")
         return load_drafter(path, target_loaded.model, **switches)
     return LMDrafter(load(spec).model)
+
+
+# The switch words of each setting (_switch), for the error naming what a drafter takes.
+_SWITCH_WORDS = {"reuse": "noreuse", "pre_verifier": "nopv, pvcost", "stale_logits": "stale",
+                 "buffer": "bufferN", "fresh_slots": "freshN"}  # fmt: skip
+
+
+def _check_switches(spec: str, switches: dict, what: str, allowed: tuple[str, ...]) -> None:
+    """ValueError when a DIR:SWITCH names a setting `what` does not have (it would be ignored,
+    or fail deep in the loader)."""
+    wrong = sorted(_SWITCH_WORDS[k] for k in switches if k not in allowed)
+    if wrong:
+        takes = ", ".join(_SWITCH_WORDS[k] for k in allowed)
+        raise ValueError(f"{spec}: {what} has no switch {', '.join(wrong)} (it takes {takes})")
 
 
 def tree_for(drafter_spec: str | None, tree_spec: str | None):
