@@ -12,8 +12,9 @@ budget, on more prompts than the timed comparison (experiments/drafters.py) can 
 
 Every prompt is decoded with max_new_tokens new tokens in batches of 8 rows (rows never depend
 on each other, so batching does not change a row's tokens), tree 31 nodes / depth 6 / top-8.
-Per drafter and set: mean tau over prompts with a 95% interval (normal approximation,
-specjax.benchmark.mean_ci), the paired difference of the two drafters on the same prompts, the
+Per drafter and set: mean tau over prompts with a 95% interval (Student t,
+specjax.benchmark.mean_ci; results before 2026-12-06 used the normal quantile, ~1.5% narrower
+at 80 prompts), the paired difference of the two drafters on the same prompts, the
 share of draft nodes served from reused hidden states (mdc), the drafter's layer calls per
 step and the acceptance at each depth of the tree. Writes experiments/results/drafter_tau.md,
 the per-prompt taus (and each run's steps by accepted tokens) in drafter_tau.json and the
@@ -134,8 +135,23 @@ def main(argv=None) -> int:
             raise SystemExit(f"error: {json_path} has no accepted_hist entries to plot")
         print(f"wrote {png}")
         return 0
+    from specjax.train.pipeline import CARD_TREE
+
+    # What a paired baseline must share with this run (tau depends on each).
+    settings = {"max_new_tokens": args.max_new_tokens, "tree": str(CARD_TREE), "batch": 8,
+                "pre_verifier": False}  # fmt: skip
     baseline = json.loads(Path(args.baseline).read_text()) if args.baseline else None
     baseline_names = (args.baseline_name or ["smollm2-eagle"]) if baseline is not None else []
+    if baseline is not None:
+        kept = baseline.get("settings")
+        if kept is None:
+            print(f"note: {args.baseline} records no settings (written before they were kept): "
+                  "pairing assumes this run's", file=sys.stderr)  # fmt: skip
+        elif kept != settings:
+            raise SystemExit(
+                f"--baseline {args.baseline} was run with {kept}, this run uses {settings}: "
+                "pair runs of the same settings"
+            )
 
     t_start = time.perf_counter()
     loaded = specjax.load(shared_path(SMOLLM2))
@@ -160,6 +176,8 @@ def main(argv=None) -> int:
                     loaded.model,
                     drafter,
                     prompts,
+                    tree=CARD_TREE,
+                    batch=settings["batch"],
                     temperature=temperature,
                     max_new_tokens=args.max_new_tokens,
                     eos_id=eos,
@@ -171,7 +189,9 @@ def main(argv=None) -> int:
             for name in baseline_names:
                 taus = np.asarray(baseline[f"{set_name}|{temperature:g}|{name}"])
                 if len(taus) != len(prompts):
-                    raise SystemExit(f"--baseline has {len(taus)} {set_name} prompts, not {args.n}")
+                    raise SystemExit(
+                        f"--baseline has {len(taus)} {set_name} prompts, not {len(prompts)}"
+                    )
                 per_prompt[(set_name, temperature, name)] = taus
                 # Its depth counts too, where the earlier run recorded them.
                 hist = baseline.get(f"accepted_hist|{set_name}|{temperature:g}|{name}")
@@ -186,8 +206,9 @@ def main(argv=None) -> int:
         f"- command: `python experiments/drafter_tau.py {' '.join(argv or sys.argv[1:])}`",
         device_header(),
         f"- target: SmolLM2-135M-Instruct (GGUF Q4_1, dequantized, float32); "
-        f"{args.max_new_tokens} new tokens per prompt (EOS ends a row earlier); batches of 8 "
-        "rows; tree of 31 draft nodes, depth 6, top-8 (the acceptance bar's budget)",
+        f"{args.max_new_tokens} new tokens per prompt (EOS ends a row earlier); batches of "
+        f"{settings['batch']} rows; tree of {CARD_TREE.budget} draft nodes, depth "
+        f"{CARD_TREE.max_depth}, top-{CARD_TREE.topk} (the acceptance bar's budget)",
         "- prompts: the first turns of the first n questions of each set, round-robin over "
         "categories (all 80 MT-bench questions at n = 80); chat template",
         f"- wall time: {(time.perf_counter() - t_start) / 60:.1f} min",
@@ -251,7 +272,9 @@ def main(argv=None) -> int:
                 lines.append(f"- {set_name} T={temperature:g}: {d.mean():+.3f} ± {half:.3f}")
     lines += [
         "",
-        "tau: tokens emitted per target call (accepted + 1), per prompt, then averaged. reused "
+        "tau: accepted + 1 per target call (the acceptance length: a row's last call counts "
+        "its whole accepted path where max_new_tokens or EOS cut it), per prompt, then "
+        "averaged. reused "
         "nodes: draft nodes whose distribution came from a reused hidden state (mdc draft "
         "reuse), as a share of all draft nodes; layer calls / step: the drafter's layer calls per "
         "verification step while drafting (mdc: chain calls, 6 without reuse at depth 6; eagle: "
@@ -260,7 +283,8 @@ def main(argv=None) -> int:
     Path(args.out).write_text("\n".join(lines) + "\n")
     # Per-prompt taus beside the table, so a later run can pair another drafter against them.
     per_prompt_json = {
-        f"{s}|{t:g}|{n}": [float(x) for x in taus] for (s, t, n), taus in per_prompt.items()
+        "settings": settings,
+        **{f"{s}|{t:g}|{n}": [float(x) for x in taus] for (s, t, n), taus in per_prompt.items()},
     }
     for set_name, temperature, name, _, _, stats in with_depths:
         key = f"accepted_hist|{set_name}|{temperature:g}|{name}"

@@ -98,6 +98,19 @@ def test_cpu_model_numbers_a_name_without_a_model_number(tmp_path):
     assert cpu_model(str(info)) == f"{xeon} (AVX2)"
 
 
+def test_mean_ci_is_a_student_t_interval():
+    """The prompt sets are small: the interval uses t, not the normal quantile (table values of
+    t at 0.975 for 1, 2, 7 and 79 degrees of freedom)."""
+    from specjax.benchmark import mean_ci, t_quantile
+
+    for df, table in ((1, 12.706), (2, 4.303), (7, 2.365), (79, 1.990)):
+        assert t_quantile(0.975, df) == pytest.approx(table, abs=2e-3)
+    values = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]
+    mean, half = mean_ci(values)
+    assert mean == 4.5 and half == pytest.approx(2.365 * np.std(values, ddof=1) / 8**0.5, rel=1e-3)
+    assert math.isnan(mean_ci([3.0])[1])
+
+
 def test_parse_method():
     m = bench.parse_method("self:8@6,2,3")
     assert (m.kind, m.drafter, m.tree, m.rule) == (
@@ -431,7 +444,8 @@ def test_transformers_assisted_peer_stories(shared_dir):
 
 def test_time_interleaved_settles_every_method_after_all_first_calls():
     """A method with settle() gets it after every method's first call and before any timed run
-    (a later warm-up may make an earlier method compile again); its time counts as compile."""
+    (a later warm-up may make an earlier method compile again); its time counts as compile.
+    Each repetition starts one method later (a, b, c, then b, c, a)."""
     from specjax.benchmark import time_interleaved
 
     calls = []
@@ -447,7 +461,7 @@ def test_time_interleaved_settles_every_method_after_all_first_calls():
             calls.append(self.name + ".settle")
 
     timings = time_interleaved({"a": Method("a"), "b": Method("b"), "c": lambda: None}, reps=2)
-    assert calls == ["a", "b", "a.settle", "b.settle", "a", "b", "a", "b"], calls
+    assert calls == ["a", "b", "a.settle", "b.settle", "a", "b", "b", "a"], calls
     assert all(len(t.runs_s) == 2 for t in timings.values())
 
 

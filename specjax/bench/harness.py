@@ -260,7 +260,7 @@ def _rows(target, prompts, sampling, methods, runners, timings, log) -> list[Row
             n_prompts=len(prompts.prompts),
             n_tokens=out.n_tokens,
             tau=tau,
-            tau_ci=0.0 if math.isnan(tau_ci) else tau_ci,
+            tau_ci=tau_ci,  # NaN with one prompt: no interval (the table prints "-")
             tokens_per_s=out.n_tokens / timing.median,
             speedup=speedup,
             speedup_range=spread,

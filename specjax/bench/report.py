@@ -44,7 +44,7 @@ def _fmt(x: float, spec: str, suffix: str = "") -> str:
 
 
 def format_row(r: Row) -> str:
-    tau = "1.00" if r.kind == AR else f"{r.tau:.2f} ± {r.tau_ci:.2f}"
+    tau = "1.00" if r.kind == AR else f"{r.tau:.2f} ± {_fmt(r.tau_ci, '.2f')}"
     lo, hi = r.speedup_range
     equal = ""
     if not math.isnan(r.greedy_equal):
