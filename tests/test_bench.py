@@ -223,10 +223,11 @@ def test_auto_rows_record_each_prompts_speculative_tau():
     from specjax.bench.report import later_half_tau
     from specjax.bench.runner import _combined_choice
 
-    def stats(hist, calls, plain, predicted, shift):
-        return {"tree": "dynamic(3,2,4)", "acceptance_shift": shift, "predicted_tau": predicted,
-                "predicted_speedup": 1.2, "accepted_hist": np.array([hist]),
-                "target_calls": np.array([calls]), "plain_steps": np.array([plain])}  # fmt: skip
+    def stats(hist, calls, plain, predicted, shift, speedup=1.2):
+        return ({"tree": "dynamic(3,2,4)", "acceptance_shift": shift, "predicted_tau": predicted,
+                 "predicted_speedup": speedup, "accepted_hist": np.array([hist]),
+                 "target_calls": np.array([calls]), "plain_steps": np.array([plain])},
+                sum(hist) * 2)  # (stats, generated tokens)  # fmt: skip
 
     # 2 plain steps + 4 speculative ones accepting 0, 1, 1, 2: 8 tokens in 4 calls.
     first = stats([3, 2, 1], calls=6, plain=2, predicted=3.0, shift=1.0)
@@ -246,6 +247,10 @@ def test_auto_rows_record_each_prompts_speculative_tau():
     # measured.
     one, two, _ = choice["per_prompt"]
     assert later_half_tau([one, two, two, one]) == "2.83 / 2.33"
+    # The set's predicted speedup: the prompts' predictions weighted as throughput is, by their
+    # tokens (12 at 2.0x and 4 at 1.0x: 16 / (6 + 4)), not their plain mean (1.5x).
+    long, short = stats([6], 6, 0, 2.0, 1.0, 2.0), stats([2], 2, 0, 1.0, 1.0, 1.0)
+    assert _combined_choice([long, short])["predicted_speedup"] == pytest.approx(1.6)
 
 
 def test_auto_rows_time_each_prompt_against_autoregressive_decoding():

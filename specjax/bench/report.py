@@ -102,13 +102,15 @@ def write_markdown(
         "autoregressive decoding, paired per interleaved repetition in this process, median "
         "(min-max). predicted: the tau and speedup SpecConfig.auto() predicted for the tree "
         "it chose (draft nodes: that tree, dynamic(budget,depth,top-k) or branching(...); "
-        "trees joined by / and the predictions averaged over prompts where calls of different "
-        "contexts chose differently); "
+        "trees joined by / where calls of different contexts chose differently; the set's "
+        "tau is the prompts' mean prediction, its speedup their token-weighted harmonic mean, "
+        "the throughput ratio the predictions imply); "
         "draft nodes N -> m: a pre-verifier chose per step, budget N, mean draft nodes "
         "verified m. "
         "vs HF generate / vs HF spec: the same paired throughput ratio against "
         "transformers `generate` and against its speculative peer (assisted generation or "
-        "prompt lookup) on the same weights. compile s: compile time of a specjax method "
+        "prompt lookup, the suite's first listed: the settings name it where there are two) "
+        "on the same weights. compile s: compile time of a specjax method "
         "(warm-up minus run time), excluded from the repetitions. greedy = AR: prompts whose "
         "T=0 output equals specjax autoregressive decoding token for token. On CPU, quote the "
         "ratios, not absolute speed.",
@@ -421,6 +423,11 @@ def header_settings(
     if prompts:
         settings["prompts"] = "; ".join(prompts)
     settings["transformers peer"] = peer_description() if hf and hf_available() else "not run"
+    # _rows compares with a suite's first speculative peer: name it where there are several.
+    peers = {s.name: [m.name for m in s.methods if m.kind in (HF_ASSISTED, HF_LOOKUP)]
+             for s in suites}  # fmt: skip
+    if hf and any(len(p) > 1 for p in peers.values()):
+        settings["vs HF spec"] = "; ".join(f"{k}: {p[0]}" for k, p in peers.items() if p)
     host = f"{os.cpu_count()} cores"
     if hasattr(os, "getloadavg"):  # other processes skew CPU timings: say how busy it was
         host += f", 1-minute load average {os.getloadavg()[0]:.2f} at start"

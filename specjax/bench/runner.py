@@ -223,7 +223,7 @@ class SpecjaxRunner(Runner):
                     draft_len.append(float(o.stats["draft_len"][0]))
                     stops += int(o.stats["pre_verifier_stops"][0])
                 if "predicted_speedup" in o.stats:
-                    choices.append(o.stats)
+                    choices.append((o.stats, n))
                 level_tau = intermediate_tau(o.stats)
                 if level_tau is not None:
                     level.append(level_tau)
@@ -255,12 +255,19 @@ def _add_padded(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.pad(a, (0, n - len(a))) + np.pad(b, (0, n - len(b)))
 
 
-def _combined_choice(stats: list[dict]) -> dict | None:
-    """SpecConfig.auto()'s choice over a prompt set: the trees chosen (in order of first use;
-    the choice can differ between prompts whose calls have different contexts, see
-    specjax.choice.call_context) and the mean predicted tau and speedup over the prompts."""
-    if not stats:
+def _combined_choice(chosen: list[tuple[dict, int]]) -> dict | None:
+    """SpecConfig.auto()'s choice over a prompt set, from each prompt's (stats, generated
+    tokens): the trees chosen (in order of first use; the choice can differ between prompts
+    whose calls have different contexts, see specjax.choice.call_context), the mean predicted
+    tau, and the predicted speedup of the whole set: the token-weighted harmonic mean of the
+    prompts' predictions, sum(n) / sum(n / s), which is the set's throughput ratio (what the
+    bench measures) if each prompt met its prediction and plain decoding's time is
+    proportional to tokens; a plain mean would weigh a short prompt like a long one."""
+    if not chosen:
         return None
+    stats = [s for s, _ in chosen]
+    tokens = np.array([max(n, 1) for _, n in chosen], np.float64)
+    predicted = np.array([float(s["predicted_speedup"]) for s in stats])
     trees = list(dict.fromkeys(str(s["tree"]) for s in stats))
     per_prompt = [prompt_choice(s) for s in stats]
     plain = [int(np.asarray(s["plain_steps"])[0]) for s in stats if "plain_steps" in s]
@@ -269,7 +276,7 @@ def _combined_choice(stats: list[dict]) -> dict | None:
     return {
         "tree": " / ".join(trees),
         "predicted_tau": float(np.mean([float(s["predicted_tau"]) for s in stats])),
-        "predicted_speedup": float(np.mean([float(s["predicted_speedup"]) for s in stats])),
+        "predicted_speedup": float(tokens.sum() / (tokens / predicted).sum()),
         # Prompts whose call stopped speculating (SpecConfig.fallback_tau), and the share of
         # all target calls that were plain decoding steps.
         "fell_back": sum(n > 0 for n in plain),
