@@ -195,9 +195,13 @@ class AcceptanceProfile:
     def at_answer_length(self, new_tokens: int) -> AcceptanceProfile:
         """This profile with the text tables of the longest measured answer length up to
         new_tokens (the shortest measured one below it: the text's gain there is overstated,
-        and a call that short has little own text to copy); itself without such tables."""
+        and a call that short has little own text to copy); itself without such tables. Call
+        it before scaled(): text_by_length holds the tables as measured, and a scaled profile's
+        would undo its shift (ValueError)."""
         if not self.text_lengths:
             return self
+        if self.shift != 1.0:
+            raise ValueError("at_answer_length() on a scaled profile: call it before scaled()")
         j = max([i for i, n in enumerate(self.text_lengths) if n <= new_tokens], default=0)
         at_length = self.text_by_length[j]
         matched = self.matched_table

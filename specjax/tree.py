@@ -31,7 +31,7 @@ class DraftTree:
     node_stats: [B, N, S] float32 or None  what the drafter knew about each node when it drafted
                                it (NODE_STATS, S = len(NODE_STATS); zeros for the root): the
                                pre-verifier's input (specjax.pre_verify). None: not recorded.
-    node_hidden: [B, N, H] float32 or None  the drafter state the node's draft distribution was
+    node_hidden: [B, N, M] float32 or None  the drafter state the node's draft distribution was
                                read from (its parent's; zeros for the root), recorded only for
                                studies of what predicts acceptance (expand_topk's `hidden`).
     """

@@ -368,6 +368,8 @@ def test_text_tables_by_answer_length_count_the_steps_before_each_length():
     assert again == p
     plain = ProfileRecorder(TreeConfig.dynamic(4, 2, 2), "greedy").profile()
     assert plain.at_answer_length(64) is plain
+    with pytest.raises(ValueError, match="call it before scaled"):  # would undo the shift
+        p.scaled(0.8).at_answer_length(64)
 
 
 def test_calibration_replays_the_chain_at_each_step_against_what_the_target_wrote(

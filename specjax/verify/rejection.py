@@ -54,7 +54,10 @@ def chain_levels(tree: DraftTree, p: jax.Array, max_depth: int):
     level t is part of the draft (all nodes 1..t valid)).
     """
     if tree.draft_dist is None:
-        raise ValueError("chain rules need tree.draft_dist (the drafter distribution q)")
+        raise ValueError(
+            "chain rules need tree.draft_dist (the drafter distribution q): use a drafter that "
+            "samples its children, or the rule 'tree_onehot'"
+        )
     k = min(tree.num_nodes - 1, max_depth)
     x = tree.tokens[:, 1 : k + 1]
     p_lv = p[:, :k].astype(jnp.float32)
@@ -113,7 +116,10 @@ def _verify_tree(
     keys = row_keys(key, b)
     q = tree.draft_dist if sampled else p  # q unused by the one-hot rule
     if q is None:
-        raise ValueError("verify_tree_sampled needs tree.draft_dist (the drafter distribution q)")
+        raise ValueError(
+            "verify_tree_sampled needs tree.draft_dist (the drafter distribution q): use a "
+            "drafter that samples its children, or the rule 'tree_onehot'"
+        )
 
     def one_row(tokens, parents, valid, p_row, q_row, kk):
         k_u, k_s = jax.random.split(kk)
