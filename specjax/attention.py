@@ -59,6 +59,21 @@ def resolve_impl(impl: AttentionImpl, head_dim: int | None = None) -> str:
             "attention implementation 'cpu' needs the CPU kernel, which is off here "
             f"({_cpu_kernel_why()}): use 'auto' or 'reference'"
         )
+    if impl == "pallas":
+        # Checked here, before tracing: the kernel's own errors name settings a caller of
+        # speculative_generate cannot pass (interpret=..., Triton's head-dim limits).
+        from specjax.kernels.tree_attention import compiled_supports
+
+        if jax.default_backend() == "cpu":
+            raise ValueError(
+                "attention implementation 'pallas' compiles for a GPU or TPU: on a CPU use "
+                "'interpret' (the same kernel interpreted), 'auto' or 'reference'"
+            )
+        if head_dim is not None and not compiled_supports(head_dim):
+            raise ValueError(
+                f"the compiled Pallas kernel cannot take head_dim {head_dim} on this "
+                f"{jax.default_backend()}: use 'auto' or 'reference'"
+            )
     return impl
 
 

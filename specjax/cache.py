@@ -41,7 +41,8 @@ def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype=None) -> KVCach
 def tree_reserve(num_nodes: int, max_depth: int) -> int:
     """Cache slots a speculative step may touch past a row's committed length: the verified
     block writes num_nodes slots at lengths, a commit writes max_depth + 1 path slots there (a
-    dynamic tree's budget can be smaller than its depth), and one more for the pending root."""
+    dynamic tree's budget can be smaller than its depth), and one slot of margin (the root is
+    node 0 of the block, already counted)."""
     return max(num_nodes, max_depth + 1) + 1
 
 
@@ -57,8 +58,9 @@ def commit_path(
     """Move the accepted tree nodes' K/V into contiguous positions and advance lengths.
 
     The verified tree block sits at scratch slots [lengths, lengths + N); node i at lengths + i.
-    path [B, P] lists accepted node indices from the root (path[:, 0] = 0 = the root, which is the
-    last committed token fed again; slots past the accepted nodes hold 0). After the commit, slot
+    path [B, P] lists accepted node indices from the root (path[:, 0] = 0 = the root, the
+    pending token at position lengths, not yet in the cache before this block wrote it; slots
+    past the accepted nodes hold 0). After the commit, slot
     lengths + j holds node path[j] for every accepted j, and lengths += advance [B] (typically
     n_accepted + 1 for live rows, 0 for finished rows).
 

@@ -36,7 +36,9 @@ def initialize(
     if coordinator == "auto":
         coordinator = None
         if num_processes is not None or process_id is not None:
-            raise ValueError("--coordinator auto detects the processes: drop --num-processes/-id")
+            raise ValueError(
+                "--coordinator auto detects the processes: drop --num-processes and --process-id"
+            )
     given = [coordinator is not None, num_processes is not None, process_id is not None]
     if any(given) and not all(given):
         raise ValueError(

@@ -117,6 +117,20 @@ def with_chain_evidence(tree: DraftTree, node_logp, text_nodes: int, max_depth: 
     return jnp.where(on_path, raised - parent_pi, node_logp)
 
 
+def bucket_seconds(costs, buckets) -> np.ndarray:
+    """t(n) for each bucket n from measured ((n, seconds), ...): interpolated between measured
+    counts and extrapolated along the last two past them (as VerifyCosts.t_verify does; held
+    flat, a 56-node bucket would be priced at the 32-node cost and win whenever it adds any
+    expected tokens)."""
+    xs, ys = (np.asarray(v, float) for v in zip(*sorted(costs), strict=True))
+    n = np.asarray(buckets, float)
+    seconds = np.interp(n, xs, ys)
+    if len(xs) > 1:
+        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+        seconds = np.where(n > xs[-1], ys[-1] + (n - xs[-1]) * max(slope, 0.0), seconds)
+    return seconds
+
+
 def bucket_by_cost(keep, pi, live, buckets: tuple[int, ...], costs) -> jax.Array:
     """Keep the n - 1 most probable kept nodes of every row (and the root), n the bucket that
     maximizes sum over live rows of E[tokens | n] / t(n): E = 1 + the sum of the top n - 1 path
@@ -129,8 +143,7 @@ def bucket_by_cost(keep, pi, live, buckets: tuple[int, ...], costs) -> jax.Array
     prob = jnp.where(keep & not_root, jnp.exp(pi), 0.0)
     top, order = jax.lax.top_k(prob, n_nodes - 1)  # [B, N - 1], descending
     expected = 1.0 + jnp.concatenate([jnp.zeros_like(top[:, :1]), jnp.cumsum(top, axis=1)], 1)
-    xs, ys = zip(*sorted(costs), strict=True)
-    seconds = np.interp(np.asarray(buckets, float), xs, ys)  # static: one cost per bucket
+    seconds = bucket_seconds(costs, buckets)  # static: one cost per bucket
     per_bucket = expected[:, np.asarray(buckets) - 1]  # [B, K]
     score = jnp.sum(jnp.where(live[:, None], per_bucket, 0.0), axis=0) / jnp.asarray(seconds)
     n_best = jnp.asarray(buckets)[jnp.argmax(score)]
@@ -160,15 +173,9 @@ def compact(tree: DraftTree, keep: jax.Array) -> tuple[DraftTree, jax.Array]:
     parents = jnp.where(
         parents >= 0, jnp.take_along_axis(inverse, jnp.maximum(parents, 0), axis=1), -1
     )
-    compacted = DraftTree(
-        tokens=take(tree.tokens),
-        parents=parents,
-        depth=take(tree.depth),
-        valid=take(keep),
-        draft_prob=take(tree.draft_prob),
-        draft_dist=None if tree.draft_dist is None else take(tree.draft_dist),
-        node_stats=None if tree.node_stats is None else take(tree.node_stats),
-    )
+    # Every per-node field moves with its node (None fields stay None); then the kept mask
+    # and the parents renumbered to the compacted order.
+    compacted = jax.tree.map(take, tree).replace(valid=take(keep), parents=parents)
     return compacted, order
 
 

@@ -82,7 +82,7 @@ def packed_prefill(
     chunk: int = PACKED_CHUNK,
 ):
     """The prompts as a loop of [rows, chunk] work items over length-sorted groups (see the
-    module docstring). Needs T >= chunk."""
+    module docstring); chunk is capped at T."""
     b, t = ids.shape
     cfg = model.config
     last = cfg.n_layers

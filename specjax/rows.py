@@ -32,7 +32,8 @@ def take_rows(tree, idx: jax.Array, batch: int):
 
 def put_rows(full, part, rows: jax.Array, batch: int):
     """`full` (a carry of `batch` rows) with rows [R] replaced by `part`'s R rows, for every
-    array the two share (caches dropped from either side are left out: see without_caches)."""
+    array the two share (caches dropped from `full`, or from both, are left out: see
+    without_caches)."""
 
     def put(f, p):
         if f is None or not hasattr(f, "shape") or f.ndim < 1 or f.shape[0] != batch:

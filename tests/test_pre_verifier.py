@@ -494,6 +494,20 @@ def test_oracle_replay_keeps_exactly_the_accepted_path():
         pvr.simulate(None, records, 0.5, node_probs=labels[:-1], **costs)
 
 
+def test_buckets_past_the_measured_counts_are_extrapolated():
+    """A bucket larger than every measured count costs more than the last one (along the last
+    two), not the same: held flat, it would win whenever it adds any expected tokens."""
+    costs = ((1, 1.0), (16, 2.0), (32, 3.0))
+    np.testing.assert_allclose(
+        pre_verify.bucket_seconds(costs, (1, 24, 32, 48, 64)), [1.0, 2.5, 3.0, 4.0, 5.0]
+    )
+    n = 64
+    prob = jnp.asarray(np.linspace(1.0, 0.01, n)[None])  # every node fairly likely
+    keep, live = jnp.ones((1, n), bool), jnp.ones((1,), bool)
+    out = np.asarray(pre_verify.bucket_by_cost(keep, jnp.log(prob), live, (32, 64), costs))
+    assert out.sum() == 32  # 64 nodes: ~1.5x the tokens of 32 at 5/3 of the time
+
+
 def test_bucket_by_cost_keeps_the_most_probable_nodes_of_the_best_bucket():
     """Two rows; path probabilities known. With a flat cost up to 8 nodes the 8-bucket wins and
     keeps each row's 7 most probable nodes; with a steep cost the root alone wins."""

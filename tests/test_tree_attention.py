@@ -320,4 +320,12 @@ def test_auto_attention_uses_the_kernel_only_for_head_dims_it_takes(monkeypatch)
     for backend, expected in [("gpu", ["reference", "pallas"]), ("cpu", [on_cpu] * 2)]:
         monkeypatch.setattr(jax, "default_backend", lambda backend=backend: backend)
         assert [resolve_impl("auto", d) for d in (8, 64)] == expected
-        assert resolve_impl("pallas", 8) == "pallas"  # an explicit choice is kept
+    # An explicit "pallas" is kept where the compiled kernel takes it, else refused up front
+    # (the kernel's own errors name settings a caller cannot pass).
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    assert resolve_impl("pallas", 64) == "pallas" and resolve_impl("pallas") == "pallas"
+    with pytest.raises(ValueError, match="cannot take head_dim 8 on this gpu"):
+        resolve_impl("pallas", 8)
+    monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
+    with pytest.raises(ValueError, match="on a CPU use 'interpret'"):
+        resolve_impl("pallas", 64)

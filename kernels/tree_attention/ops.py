@@ -222,7 +222,10 @@ def tree_attention(
       k, v: [B, S, K, D] caches, q's dtype, the tree block already written at
         [lengths[b], lengths[b] + N). Precondition (not checkable under jit): lengths[b] + N <= S.
       lengths: [B] int32 committed length per row.
-      tree_mask: [B, N, N] bool, ancestors-or-self (diagonal true).
+      tree_mask: [B, N, N] bool, ancestors-or-self (diagonal true), so lower-triangular: node
+        i's ancestors come before it (parents[i] < i, as every DraftTree orders them). The
+        kernel relies on it: a query tile skips block chunks past its last node, so a mask
+        letting node i see a later node would silently differ from the reference.
       interpret: run in interpret mode; None = interpret iff JAX's default backend is CPU.
       variant: "triton" (GPU kernel) or "mosaic" (TPU kernel); None = "mosaic" on TPU, else
         "triton". Interpreted, "mosaic" uses TPU interpret mode.
