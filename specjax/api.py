@@ -94,9 +94,10 @@ def speculative_generate(
     prune = None
     runner = drafter  # the drafter the loop runs: a twin with a cost-aware pre-verifier, or it
     if choice.config is not None and sampling.greedy and verifier is None:
-        runner, choice = _cost_aware_candidate(target, drafter, choice, len(prompts))
+        runner, choice = _cost_aware_candidate(target, drafter, choice, len(prompts),
+                                               verbose=config.verbose)  # fmt: skip
         if runner is drafter:
-            choice, prune = _with_pre_verifier(target, drafter, choice)
+            choice, prune = _with_pre_verifier(target, drafter, choice, verbose=config.verbose)
     prefill_s = call_prefill_seconds(target, len(prompts), width, verbose=config.verbose)
     choice = choice.for_call(new_tokens=max_new_tokens, prefill_seconds=prefill_s,
                              choose_seconds=time.perf_counter() - started)  # fmt: skip
@@ -163,7 +164,7 @@ COST_AWARE_MAX_BATCH = 1
 _COST_AWARE: dict[tuple, tuple] = {}
 
 
-def _cost_aware_candidate(target, drafter, choice, batch: int):
+def _cost_aware_candidate(target, drafter, choice, batch: int, *, verbose: bool = True):
     """(the drafter to run, the choice) for a greedy default call of at most COST_AWARE_MAX_BATCH
     rows whose choice is a feature drafter's dynamic tree, when the drafter has a pre-verifier: a
     twin of the drafter whose pre-verifier chooses each step's nodes by this machine's t(N) at
@@ -187,21 +188,22 @@ def _cost_aware_candidate(target, drafter, choice, batch: int):
     if key not in _COST_AWARE:
         twin = copy.copy(drafter)
         if not pv.shape.costs:  # loaded with pre_verifier="costs": already cost-aware
-            twin.pre_verifier = pre_verifier_local.cost_aware(pv, target, batch=batch,
-                                                              context=choice.context)  # fmt: skip
+            twin.pre_verifier = pre_verifier_local.cost_aware(
+                pv, target, batch=batch, context=choice.context, verbose=verbose
+            )
         _COST_AWARE[key] = (twin, target, drafter, pv)  # holding them keeps their ids unique
     config = dataclasses.replace(choice.config, tree=wide, pre_verify=True)
     return _COST_AWARE[key][0], dataclasses.replace(choice, config=config, widened_from=tree)
 
 
-def _with_pre_verifier(target, drafter, choice):
+def _with_pre_verifier(target, drafter, choice, *, verbose: bool = True):
     """SpecConfig.auto() weighs trees whole. Let the drafter's pre-verifier prune the chosen tree
     when replaying its recorded (greedy) steps under this machine's costs predicts at least
     pre_verifier_local.MIN_GAIN more tokens per second; the predictions are scaled by the
     replay, priced at the costs the choice measured (its context). Returns (choice, the
     replay or None)."""
     prune = pre_verifier_local.pruning_gain(
-        target, drafter, choice.config.tree, context=choice.context
+        target, drafter, choice.config.tree, context=choice.context, verbose=verbose
     )
     if prune is None or prune.gain < pre_verifier_local.MIN_GAIN:
         return choice, prune

@@ -86,7 +86,13 @@ def choose(target, drafter, pv, *, context: int, progress=autotune._print_progre
     """Replay pv's recorded steps under this machine's costs at `context`: {"threshold",
     "table" ({draft nodes: threshold}), "vs_best_fixed", "tree"} (see replay_thresholds; a
     budget prunes only where that replays MIN_GAIN over its tree whole)."""
-    header = json.loads((Path(pv.replay_file).parent / "pre_verifier.json").read_text())
+    folder = Path(pv.replay_file).parent
+    header = json.loads((folder / "pre_verifier.json").read_text())
+    if "collection_tree" not in header.get("card", {}):
+        raise ValueError(
+            f"{folder}: its recorded steps (replay.npz) name no collection tree: train the "
+            "pre-verifier again with experiments/train_pre_verifier.py, or delete replay.npz"
+        )
     collection = tuple(int(x) for x in str(header["card"]["collection_tree"]).split(","))
     records = load_records(pv.replay_file)
     verify, draft = _costs(target, drafter, {collection[2], *(k for _, _, k in FIXED_TREES)},
@@ -150,24 +156,28 @@ class PruningGain:
         return (self.tau_pruned / self.seconds_pruned) / (self.tau_whole / self.seconds_whole)
 
 
-def pruning_gain(target, drafter, tree: TreeConfig, context: int | None = None):
+def pruning_gain(
+    target, drafter, tree: TreeConfig, context: int | None = None, *, verbose: bool = True
+):
     """What pruning a dynamic `tree` with the drafter's pre-verifier gains on this machine
     (PruningGain), from its recorded steps (greedy) and the costs measured at `context`
     (default cost_context(target)); the thresholds are chosen for this machine first (localize)
     unless the caller set them. None: no pre-verifier with recorded steps, a static tree, or a
-    text chain (whose nodes the pre-verifier never saw: the engine leaves it off)."""
+    text chain (whose nodes the pre-verifier never saw: the engine leaves it off). verbose:
+    progress lines while measuring or replaying."""
     pv = getattr(drafter, "pre_verifier", None)
     if pv is None or pv.replay_file is None or not tree.is_dynamic or tree.text_chain:
         return None
     context = cost_context(target) if context is None else context
-    localize(target, drafter, context=context)
+    localize(target, drafter, context=context, announce=verbose)
     memo = (id(target), id(drafter), id(pv), pv.config, tree, context)
     if memo in _GAINS:
         return _GAINS[memo][0]
     threshold = pv.threshold_for(tree.budget)
     records = load_records(pv.replay_file)
+    progress = autotune._print_progress if verbose else None
     verify, draft = _costs(target, drafter, {tree.topk, *(k for _, _, k in FIXED_TREES)}, context,
-                           progress=autotune._print_progress)  # fmt: skip
+                           progress=progress)  # fmt: skip
     costs = dict(
         t_verify=verify.t_verify,
         t_draft=lambda levels: draft.t_draft(TreeConfig.dynamic(tree.budget, levels, tree.topk)),
@@ -180,15 +190,16 @@ def pruning_gain(target, drafter, tree: TreeConfig, context: int | None = None):
     return result
 
 
-def cost_aware(pv, target, *, batch: int = 1, context: int | None = None):
+def cost_aware(pv, target, *, batch: int = 1, context: int | None = None, verbose: bool = True):
     """The pre-verifier set to choose each step's node count by expected tokens per second
     under this machine's t(N) (PreVerifierConfig.costs; measured once, cached by
     specjax.autotune), at threshold 0: the kept nodes are the bucket's most probable ones.
     t(N) is measured at `batch` rows and `context` (default autotune's); a call of other
-    batches keeps these costs."""
+    batches keeps these costs. verbose: progress lines while measuring."""
     nodes = (1, 2, 4, 8, 12, 16, 32)
     context = autotune.DEFAULT_CONTEXT if context is None else context
+    progress = autotune._print_progress if verbose else None
     costs = autotune.verify_costs(target, batch=batch, context=context, nodes=nodes,
-                                  with_ar=False)  # fmt: skip
+                                  with_ar=False, progress=progress)  # fmt: skip
     table = tuple((int(n), float(s)) for n, s in zip(costs.nodes, costs.seconds, strict=True))
     return pv.with_settings(threshold=0.0, costs=table)

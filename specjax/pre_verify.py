@@ -11,7 +11,7 @@ verified tree is just a smaller draft tree. For deterministic (top-k) children a
 is verified exactly by the same rules. Children sampled from q are different: dropping a
 sampled child because of its own token would bias the output (the rule assumes it is a draw
 from q), so the engine pre-verifies only trees whose children are deterministic (greedy
-decoding, and feature drafters at any temperature; see SpeculativeLoop.pre_verifies).
+decoding, and feature drafters at any temperature; see speculative.pruning_pre_verifier).
 
 Static shapes: the kept nodes are moved to the front of the tree (in topological order), the
 batch's largest kept count picks a bucket, and `branching.switch_in_place` runs the verifier on

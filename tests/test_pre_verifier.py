@@ -8,6 +8,7 @@ drafts and not others.
 """
 
 import dataclasses
+import json
 
 import chex
 import jax
@@ -285,6 +286,11 @@ def test_checkpoint_round_trip_and_load_drafter_switch(tmp_path, target):
     )
     with pytest.raises(ValueError, match="pre_verifier.json"):
         load_pre_verifier(tmp_path / "missing")
+    header_path = tmp_path / "pv" / "pre_verifier.json"
+    header = json.loads(header_path.read_text())
+    header_path.write_text(json.dumps({**header, "version": 99}))
+    with pytest.raises(ValueError, match="version 99 .* train it again"):
+        load_pre_verifier(tmp_path / "pv")
     with pytest.raises(ValueError, match="threshold"):
         pv.with_settings(threshold=1.5)
     with pytest.raises(ValueError, match="only"):

@@ -233,6 +233,11 @@ def read_pre_verifier_header(folder: str | Path) -> dict:
         raise ValueError(
             f"{folder}: not a pre-verifier directory (format {header.get('format')!r})"
         )
+    if header.get("version") != VERSION or "config" not in header:
+        raise ValueError(
+            f"{folder}: a pre-verifier of version {header.get('version')!r} (this specjax reads "
+            f"{VERSION}): train it again with experiments/train_pre_verifier.py"
+        )
     return header
 
 
