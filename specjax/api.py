@@ -88,8 +88,11 @@ def speculative_generate(
     choice, width = _choose_config(
         target, drafter, prompts, config, sampling, max_new_tokens, eos_id, key, verifier
     )
+    # The loop is compiled for the verifier, attention, rule and fallback too: a program for
+    # the same tree under other ones is not one this call can run.
+    settings = (verifier, config.attn_impl, config.rule, config.fallback)
     shape = programs.shape_of(target, drafter, mode_of(sampling), len(prompts), width,
-                              max_new_tokens)  # fmt: skip
+                              max_new_tokens, settings)  # fmt: skip
     choice = programs.keep_compiled(choice, shape, max_new_tokens)
     prune = None
     runner = drafter  # the drafter the loop runs: a twin with a cost-aware pre-verifier, or it

@@ -59,8 +59,12 @@ class ShapeRecord:
 _SHAPES: dict[tuple, tuple] = {}
 
 
-def shape_of(target, drafter, mode: str, batch: int, width: int, new_tokens: int) -> tuple:
-    return (id(target), id(drafter), mode, batch, width, new_tokens)
+def shape_of(
+    target, drafter, mode: str, batch: int, width: int, new_tokens: int, settings: tuple = ()
+) -> tuple:
+    """A call shape: what its compiled loop is specialized on besides the tree (settings: the
+    call's other static choices, e.g. the verifier, attention implementation, rule, fallback)."""
+    return (id(target), id(drafter), mode, batch, width, new_tokens, settings)
 
 
 def record(shape: tuple, target, drafter, tree, compile_s: float) -> None:
