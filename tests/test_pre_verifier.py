@@ -117,6 +117,23 @@ def test_nothing_kept_is_plain_decoding_in_buckets_of_one(target):
 
 
 @pytest.mark.slow
+def test_sampled_rows_with_pruning_do_not_depend_on_the_other_rows(target):
+    """Pruned trees run in a bucket the whole batch shares; a row's draws must not depend on
+    that bucket (the other rows' kept counts): each row samples the same tokens alone. The tree
+    rule's per-node uniforms are drawn for the bucket's n nodes; node j's value does not depend
+    on n because JAX's threefry is partitionable (jax_threefry_partitionable, the default)."""
+    drafter = make_drafter("eagle", target, seed=3)
+    drafter.pre_verifier = random_pre_verifier(0.2, seed=4)
+    keys = jax.random.split(jax.random.key(5), len(PROMPTS))
+    kw = dict(max_new_tokens=16, config=SpecConfig(tree=TreeConfig.dynamic(9, 4, 3)),
+              sampling=SamplingConfig(temperature=1.0))  # fmt: skip
+    together = specjax.speculative_generate(target, drafter, PROMPTS, key=keys, **kw)
+    for i, prompt in enumerate(PROMPTS):
+        alone = specjax.speculative_generate(target, drafter, [prompt], key=keys[i : i + 1], **kw)
+        np.testing.assert_array_equal(np.asarray(together.tokens[i]), np.asarray(alone.tokens[0]))
+
+
+@pytest.mark.slow
 def test_greedy_unchanged_across_batch_and_cache_boundaries(target):
     """Rows finishing at different steps, prompts of other widths, budgets ending exactly at a
     step: the pruned, bucketed run equals plain decoding row by row."""
