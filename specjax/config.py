@@ -302,8 +302,10 @@ class AutoSpecConfig:
     per second on this backend; with B rows, at most max_batch_nodes / B nodes, and never
     fewer than 2 (a step verifies B x N tokens). Costs are measured at `context` committed
     tokens once per backend, device kind, model, batch and dtype and kept on disk
-    (specjax.autotune); context None (the default) is the call's cache length (padded prompt
-    plus new tokens) rounded to a power of two: attention makes a small model's step over a
+    (specjax.autotune); context None (the default) is the call's context (specjax.choice.
+    call_context: with the CPU attention kernel, which reads only the committed positions, the
+    padded prompt plus half the new tokens; else the cache length, padded prompt plus new
+    tokens) rounded to a power of two: attention makes a small model's step over a
     256-slot cache cost ~1.5x what it costs over 128, so costs taken elsewhere misjudge plain
     decoding against a tree.
     min_speedup: with allow_autoregressive, speculate only where the best tree's predicted

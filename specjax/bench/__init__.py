@@ -5,11 +5,12 @@ Axis letters: P = max draft depth + 1 (accepted-length histogram bins).
 
 What one run measures, per (target, dataset, temperature, method):
 
-- tau: tokens emitted per target call (Spec-Bench convention: accepted + 1), mean over prompts
-  with a 95% CI. specjax methods report it from `speculative_generate`'s stats; for transformers
-  rows it is generated tokens / target forward calls (counted with a forward hook): the same
-  quantity, since assisted decoding has no separate prefill call (and plain generate makes one
-  call per token, prefill included).
+- tau: tokens emitted per target call after the prefill's first token, (generated - 1) /
+  calls after the prefill, mean over prompts with a Student-t 95% CI, for every method (specjax
+  rows from their lengths and target_calls, HiSpec's full-target calls, transformers' forward
+  calls counted with a hook). It is a little below the acceptance length `speculative_generate`
+  reports as stats["tau"] (accepted + 1 a step), which counts a row's last accepted path whole
+  where max_new_tokens or EOS cut it.
 - tokens/s: generated tokens (the EOS that stops a row included, both for specjax and
   transformers) / median wall time of the whole prompt set.
 - speedup: throughput over specjax autoregressive decoding of the same target, computed per
