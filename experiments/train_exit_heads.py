@@ -160,6 +160,11 @@ def main(argv=None) -> int:
     if args.target == "smollm2":
         answer_sets = tuple(args.answer_sets)
         train_all, eval_all = answer_rows(answer_sets, eval_shards=2)
+        if not train_all[0] or not eval_all[0]:
+            raise SystemExit(
+                f"error: the answer sets {', '.join(answer_sets)} hold too few shards (2 are kept "
+                "for evaluation): run python experiments/distill_answers.py --set NAME"
+            )
         train = spread(train_all, n_train, 0)
         held = spread(eval_all, spec["eval_seqs"], 1)
         log("generating MT-bench answers (evaluation only)")

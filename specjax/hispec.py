@@ -86,7 +86,7 @@ class HiSpec(nnx.Module):
         if not draft_head.layer < verify_head.layer:
             raise ValueError(
                 f"the draft exit (layer {draft_head.layer}) must lie below the verify exit "
-                f"(layer {verify_head.layer})"
+                f"(layer {verify_head.layer}): pass the heads as (draft, verify)"
             )
         check_settings(draft_len, buffer)
         self.draft_exit = ExitLogits(draft_head, target)
@@ -158,7 +158,8 @@ class HiSpecState:
     keys [B]; eos_id; rounds [B] rounds while live; intermediate_drafted / _accepted [B] drafts
     judged / accepted by the verify exit; full_calls [B] flushes; full_accepted [B] buffered
     tokens the target accepted; emitted_hist [B, C + 1] histogram over flushes of the tokens
-    emitted minus one (the engine's accepted_hist); nonfinite [B] flushes with NaN/inf target
+    each flush's verification yields minus one (the engine's accepted_hist: a row's last flush
+    counted whole where EOS or max_new_tokens cut it); nonfinite [B] flushes with NaN/inf target
     logits.
     """
 
@@ -474,7 +475,8 @@ def hispec_generate(
     """HiSpec decoding (see the module docstring): the target's exact output distribution.
     Arguments and output as specjax.speculative_generate's; stats: target_calls (= buffer
     flushes, full-target calls), tau (tokens per full-target call), accepted_hist [B, C + 1]
-    (flushes by tokens emitted minus one), full_accepted,
+    (flushes by the tokens their verification yields minus one; a row's last flush counted
+    whole where EOS or max_new_tokens cut it), full_accepted,
     intermediate_calls (rounds), intermediate_drafted, intermediate_accepted, intermediate_tau
     (tokens per verify-exit call), nonfinite_logits, each [B]."""
     check_sampling(sampling)

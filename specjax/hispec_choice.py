@@ -3,10 +3,11 @@ decoding on this machine.
 
 HiSpec's speed depends on how often its exits agree with the layers above them and on what a
 pass over a range of layers costs here, and neither is known well enough to predict it: on a
-2-core CPU the shipped SmolLM2 exit heads ran at 0.63-0.72x plain decoding
-(experiments/results/hispec.md). So the default call measures it: on its first call for a key
-(backend, device kind, the target's weights, the exit heads and their settings, batch, sampling
-mode, cache-length bucket) it decodes the call's own prompts for PROBE_TOKENS tokens with HiSpec
+2-core CPU the shipped SmolLM2 exit heads ran at 0.84-0.93x plain decoding with their card's
+settings and 0.54-0.59x with a chain of 3 and a buffer of 4 (experiments/results/hispec.md). So
+the default call measures it: on its first call for a key (backend, device kind, the target's
+weights, the exit heads and their settings, batch, sampling mode, cache-length bucket, probe
+length) it decodes the call's own prompts for PROBE_TOKENS tokens with HiSpec
 and with plain decoding, one compile call and PROBE_ROUNDS interleaved timed calls each, keeps the
 ratio of their tokens per second on disk beside the other measured costs, and decodes with
 HiSpec when the ratio is above 1, else plainly. Later calls with the same key read the file.
@@ -29,8 +30,8 @@ PROBE_ROUNDS = 2  # timed calls of each method, interleaved, after one compile c
 FORMAT_VERSION = 1
 MIN_CONTEXT_BUCKET = 64
 
-# Choices made in this process, by (target, HiSpec, batch, mode, context bucket): a repeated call
-# skips the fingerprints (~1 s for SmolLM2) and the file read.
+# Choices made in this process, by (target, HiSpec, batch, mode, context bucket, probe length): a
+# repeated call skips the fingerprints (~1 s for SmolLM2) and the file read.
 _CHOSEN: dict[tuple, tuple] = {}
 
 
@@ -73,12 +74,19 @@ def context_bucket(prompts, max_new_tokens: int) -> int:
     return 1 << (need - 1).bit_length()
 
 
-def choice_key(target, hispec, *, batch: int, mode: str, context: int) -> str:
+def probe_tokens(max_new_tokens: int) -> int:
+    """New tokens per row of the probe: PROBE_TOKENS, fewer when the call asks for fewer (a
+    probe of a token or two times little but the prefill, so its ratio is kept apart)."""
+    return min(PROBE_TOKENS, max_new_tokens)
+
+
+def choice_key(target, hispec, *, batch: int, mode: str, context: int, probe: int) -> str:
     return "|".join((
         autotune.cost_key(target, batch=batch, context=context),
         autotune.module_fingerprint(hispec),
         label_of(hispec),
         mode,
+        f"probe{probe}",
     ))  # fmt: skip
 
 
@@ -89,8 +97,8 @@ def measure(target, hispec, prompts, *, sampling: SamplingConfig, max_new_tokens
     from specjax.decode import generate
     from specjax.hispec import hispec_generate
 
-    kw = dict(max_new_tokens=min(PROBE_TOKENS, max_new_tokens), sampling=sampling,
-              eos_id=eos_id, key=key)  # fmt: skip
+    kw = dict(max_new_tokens=probe_tokens(max_new_tokens), sampling=sampling, eos_id=eos_id,
+              key=key)  # fmt: skip
     last = {}  # each method's latest output (the same every round: same prompts and keys)
 
     def recorded(name, run):
@@ -115,10 +123,11 @@ def choose_hispec(target, hispec, prompts, *, sampling: SamplingConfig, max_new_
     mode = "greedy" if sampling.temperature == 0 else "sampled"
     batch = int(prompts.shape[0]) if hasattr(prompts, "shape") else len(prompts)
     context = context_bucket(prompts, max_new_tokens)
-    memo_key = (id(target), id(hispec), label_of(hispec), batch, mode, context)
+    probe = probe_tokens(max_new_tokens)
+    memo_key = (id(target), id(hispec), label_of(hispec), batch, mode, context, probe)
     if memo_key in _CHOSEN:
         return _CHOSEN[memo_key][0]
-    cache_key = choice_key(target, hispec, batch=batch, mode=mode, context=context)
+    cache_key = choice_key(target, hispec, batch=batch, mode=mode, context=context, probe=probe)
     path, record = autotune.kept_record(cache_key, "hispec", FORMAT_VERSION)
     if record is None:
         if announce:

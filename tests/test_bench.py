@@ -98,6 +98,22 @@ def test_cpu_model_numbers_a_name_without_a_model_number(tmp_path):
     assert cpu_model(str(info)) == f"{xeon} (AVX2)"
 
 
+def test_hispec_rows_state_what_a_full_target_call_judges():
+    """HiSpec's chain of k drafts k tokens a round; a full-target call judges up to buffer + k
+    (the checkpoint's buffer, or a :bufferN switch)."""
+    from specjax.bench.methods import SPEC, Method
+    from specjax.paths import repo_dir
+
+    heads = repo_dir() / "checkpoints" / "stories260K-hispec"
+    if not heads.exists():
+        pytest.skip(f"{heads} is not in this checkout")
+    chain = TreeConfig.chain(3)
+    assert Method(kind=SPEC, drafter=f"{heads}:buffer4", tree=chain).draft_nodes == (
+        "3 a round, <=7 a full call"
+    )
+    assert Method(kind=SPEC, drafter="self:2", tree=chain).draft_nodes == "3"
+
+
 def test_mean_ci_is_a_student_t_interval():
     """The prompt sets are small: the interval uses t, not the normal quantile (table values of
     t at 0.975 for 1, 2, 7 and 79 degrees of freedom)."""

@@ -84,6 +84,12 @@ def test_training_moves_the_exit_toward_the_last_layer(target, data):
     assert losses[-1] < losses[0] - 0.3, losses  # cross-entropy: floored at the teacher entropy
     after = agreement(head, parts, data)
     assert after > before + 0.05, (before, after)  # 0.34 -> 0.44 here
+    # A run shorter than the warmup still trains (optax refused a decay of no steps).
+    short = train_exit_head(make("mlp"), parts, data, ExitTrainConfig(steps=20), log=None)
+    assert len(short) == 2 and np.isfinite(short).all()  # losses at steps 0 and 19
+    assert ExitTrainConfig(steps=20).warmup_steps == 5
+    with pytest.raises(ValueError, match="steps and batch must be >= 1"):
+        ExitTrainConfig(steps=0)
 
 
 def test_checkpoint_round_trip_and_refusals(target, tmp_path):
@@ -106,6 +112,11 @@ def test_checkpoint_round_trip_and_refusals(target, tmp_path):
         load_exit_heads(out, other)
     with pytest.raises(ValueError, match="no readable hispec.json"):
         load_exit_heads(tmp_path, target)
+    # The three-level settings written after measuring them survive a retrain into the folder.
+    header = json.loads((out / "hispec.json").read_text())
+    (out / "hispec.json").write_text(json.dumps({**header, "settings": {"buffer": 3}}))
+    save_exit_heads(heads, out, target=target, target_name="tiny", dtype="float32")
+    assert json.loads((out / "hispec.json").read_text())["settings"] == {"buffer": 3}
     header = json.loads((out / "hispec.json").read_text())
     del header["exits"]["verify"]
     (out / "hispec.json").write_text(json.dumps(header))

@@ -251,6 +251,12 @@ def test_the_default_call_decodes_with_hispec_only_where_it_measured_faster(live
         again = specjax.speculative_generate(lively, h, RAGGED[:2], max_new_tokens=20)
         assert again.stats["tree"] == expected
     assert measured == [0.6, 1.4]
+    # A call of one new token probes one token (mostly the prefill): its ratio serves no call
+    # of the same cache-length bucket that probes the usual PROBE_TOKENS.
+    monkeypatch.setattr(hispec_choice, "measure", fake_measure(2.0))
+    monkeypatch.setattr(hispec_choice, "_CHOSEN", {})
+    short = specjax.speculative_generate(lively, hispec, RAGGED[:2], max_new_tokens=1)
+    assert short.stats["hispec_probe_speedup"] == 2.0 and measured[-1] == 2.0
 
 
 def test_the_probe_times_both_methods_on_the_calls_prompts(lively):

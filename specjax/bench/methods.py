@@ -94,6 +94,11 @@ class Method:
         if self.exit_heads is not None and (self.kind != SPEC or self.auto):
             raise ValueError("exit_heads needs a SPEC method with an explicit tree")
 
+    def _hispec_buffer(self) -> int | None:
+        """The buffer of a HiSpec drafter (None for any other drafter)."""
+        settings = _hispec_settings(self.drafter) if self.drafter else None
+        return None if settings is None else int(settings["buffer"])
+
     @property
     def is_peer(self) -> bool:
         return self.kind in PEER_KINDS
@@ -148,9 +153,13 @@ class Method:
 
     @property
     def draft_nodes(self) -> str:
-        """Draft tokens per target call (the tree budget, root excluded)."""
+        """Draft tokens per target call (the tree budget, root excluded). HiSpec's explicit
+        chain of k drafts k a round, and a full-target call judges up to buffer + k of them."""
         if self.kind == SPEC and self.auto:
             return "auto"
+        if self.kind == SPEC and self._hispec_buffer() is not None:
+            k = self.config.tree.max_depth
+            return f"{k} a round, <={self._hispec_buffer() + k} a full call"
         if self.kind == SPEC:
             return str(self.config.tree.num_nodes - 1)
         if self.kind == HF_LOOKUP:
@@ -158,6 +167,24 @@ class Method:
         if self.kind == HF_ASSISTED:
             return f"<={HF_ASSISTANT_SETTINGS['num_assistant_tokens']}"
         return "-"
+
+
+def _hispec_settings(drafter: str) -> dict | None:
+    """The settings a HiSpec drafter spec runs with (its hispec.json's, then its switches), or
+    None when `drafter` is not HiSpec exit heads."""
+    import json
+    from pathlib import Path
+
+    from specjax.drafters.spec import is_hispec, split_drafter_switch
+
+    path, switches = split_drafter_switch(drafter)
+    if not is_hispec(path):
+        return None
+    from specjax.hispec import DEFAULT_BUFFER, DEFAULT_DRAFT_LEN
+
+    header = json.loads((Path(path) / "hispec.json").read_text())
+    settings = {"draft_len": DEFAULT_DRAFT_LEN, "buffer": DEFAULT_BUFFER}
+    return {**settings, **header.get("settings", {}), **switches}
 
 
 def parse_method(spec: str) -> Method:

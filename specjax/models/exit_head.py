@@ -84,6 +84,13 @@ class ExitReadout(nnx.Variable):
     """The target's final norm and LM head columns of an exit vocabulary (not trained)."""
 
 
+# What to do when exit heads do not fit the target they are given.
+OTHER_TARGET = (
+    "load the exit heads for this target (specjax.load_drafter(dir, target)) or train them for "
+    "it (experiments/train_exit_heads.py)"
+)
+
+
 class ExitLogits(nnx.Module):
     """An exit head with its readout taken from the target once (the LM head columns of its
     vocabulary), returning logits over the target's whole vocabulary: -inf outside the exit
@@ -92,10 +99,14 @@ class ExitLogits(nnx.Module):
     def __init__(self, head: ExitHead, target):
         cfg = target.config
         if not 0 < head.layer < cfg.n_layers:
-            raise ValueError(f"exit layer {head.layer} must lie in [1, {cfg.n_layers - 1}]")
+            raise ValueError(
+                f"exit layer {head.layer} must lie in [1, {cfg.n_layers - 1}]: {OTHER_TARGET}"
+            )
         vocab = np.asarray(head.vocab[...])
         if vocab.size == 0 or vocab.min() < 0 or vocab.max() >= cfg.vocab_size:
-            raise ValueError("the exit vocabulary holds ids outside the target's vocabulary")
+            raise ValueError(
+                f"the exit vocabulary holds ids outside the target's vocabulary: {OTHER_TARGET}"
+            )
         parts = target_parts(target, jnp.asarray(vocab))
         self.head, self.vocab_size = head, cfg.vocab_size
         self.final_norm = ExitReadout(parts.final_norm)
@@ -108,10 +119,7 @@ class ExitLogits(nnx.Module):
     def check_compatible(self, target) -> None:
         """ValueError, saying what to do, when these exits cannot read `target`'s layers."""
         cfg = target.config
-        fix = (
-            "load the exit heads for this target (specjax.load_drafter(dir, target)) or train "
-            "them for it (experiments/train_exit_heads.py)"
-        )
+        fix = OTHER_TARGET
         if not self.layer < cfg.n_layers:
             raise ValueError(
                 f"exit layer {self.layer} lies past this target's {cfg.n_layers} layers: {fix}"

@@ -60,10 +60,6 @@ class ExitData:
     def size(self) -> int:
         return len(self.target_next)
 
-    def take(self, idx: np.ndarray) -> ExitData:
-        return ExitData({k: v[idx] for k, v in self.hidden.items()}, self.teacher[idx],
-                        self.target_next[idx])  # fmt: skip
-
 
 @jax.jit
 def _full_argmax(final_norm, head, teacher, eps):
@@ -159,11 +155,25 @@ def distill_loss(head: ExitHead, parts: TargetParts, x, teacher) -> jax.Array:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ExitTrainConfig:
+    """steps of `batch` positions; lr peaks after `warmup` steps (at most a quarter of the run,
+    so that a short run still decays), then follows a cosine."""
+
     steps: int = 1000
     batch: int = 512  # positions per step
     lr: float = 1e-3
     warmup: int = 50
     seed: int = 0
+
+    def __post_init__(self):
+        if self.steps < 1 or self.batch < 1 or self.warmup < 0:
+            raise ValueError(
+                f"steps and batch must be >= 1 and warmup >= 0, got steps {self.steps}, "
+                f"batch {self.batch}, warmup {self.warmup}"
+            )
+
+    @property
+    def warmup_steps(self) -> int:
+        return min(self.warmup, self.steps // 4)
 
 
 def train_exit_head(
@@ -178,7 +188,7 @@ def train_exit_head(
     if head.kind == "identity":
         return []
     x_all, t_all = data.hidden[head.layer], data.teacher
-    schedule = optax.warmup_cosine_decay_schedule(0.0, cfg.lr, cfg.warmup, max(cfg.steps, 1))
+    schedule = optax.warmup_cosine_decay_schedule(0.0, cfg.lr, cfg.warmup_steps, cfg.steps)
     opt = nnx.Optimizer(head, optax.adamw(schedule, weight_decay=0.0), wrt=nnx.Param)
 
     @nnx.jit
@@ -232,7 +242,9 @@ def save_exit_heads(
     target_name: str,
     dtype: str = "bfloat16",
 ) -> Path:
-    """Write {"draft": ExitHead, "verify": ExitHead} (same exit vocabulary) to out_dir."""
+    """Write {"draft": ExitHead, "verify": ExitHead} (same exit vocabulary) to out_dir. The
+    three-level settings an existing hispec.json names ("settings": draft_len, buffer, written
+    after measuring them with experiments/hispec.py) are kept until measured again."""
     from specjax.train.checkpoint import target_fingerprint
 
     if set(heads) != set(ROLES):
@@ -259,6 +271,14 @@ def save_exit_heads(
         "target_name": target_name,
         "target_fingerprint": target_fingerprint(target),
     }
+    old = out_dir / "hispec.json"
+    if old.exists():
+        try:
+            settings = json.loads(old.read_text()).get("settings")
+        except ValueError:
+            settings = None
+        if settings:
+            header["settings"] = settings
     (out_dir / "hispec.json").write_text(json.dumps(header, indent=2) + "\n")
     return out_dir
 
