@@ -423,9 +423,10 @@ def test_default_call_reads_kept_costs_and_profiles(tmp_path, monkeypatch):
     assert out.stats["predicted_tau"] == pytest.approx(tau, abs=1e-3)
     assert out.stats["predicted_step_speedup"] == pytest.approx(tau / 1.02, abs=1e-3)
     # The whole call: the kept prefill and 12 plain tokens against the prefill, the call's
-    # choosing (it measured nothing: less than the kept prefill) and 12 / tau steps.
+    # choosing (wall time, so only its sign is asserted; that it measured nothing is the file
+    # check above) and 12 / tau steps.
     choose_s = out.stats["choose_s"]
-    assert out.stats["prefill_s"] == PREFILL_S and 0 < choose_s < PREFILL_S
+    assert out.stats["prefill_s"] == PREFILL_S and choose_s > 0
     call = (PREFILL_S + 12 * 1.0) / (PREFILL_S + choose_s + 12 / tau * 1.02)
     assert out.stats["predicted_speedup"] == pytest.approx(call, rel=1e-3)
     # The call falls back to plain steps below the tree's break-even tau, step over token cost;

@@ -158,7 +158,12 @@ CASES = {
     "chain": (TreeConfig.chain(2), SamplingConfig(temperature=1.0)),
     "hsd": (TreeConfig.chain(2), SamplingConfig(temperature=1.0)),
     "tree_onehot": (TreeConfig(branching=(2, 1)), SamplingConfig(temperature=1.0)),
-    "tree_sampled": (TreeConfig(branching=(3, 1)), SamplingConfig(temperature=1.0)),
+    # With the whole sampling transform, so that the default run checks it is applied to the
+    # target and the drafter alike (temperature, top-k and top-p).
+    "tree_sampled": (
+        TreeConfig(branching=(3, 1)),
+        SamplingConfig(temperature=0.7, top_k=5, top_p=0.9),
+    ),
 }
 
 
