@@ -161,15 +161,23 @@ def test_check_catches_a_biased_final_rule(target, monkeypatch):
 
 def test_three_levels_greedy_equals_generate(lively):
     """HiSpec's three levels: the draft exit (layer 1) drafts a tree, the verify exit (layer 3)
-    screens it, the target checks the exit's path."""
+    screens it, the target checks the exit's path; the longest row runs to the last slots the
+    cache allows, and each level both accepts and rejects."""
     drafter = LMDrafter.self_draft_exit(random_exit(LIVELY, 1, seed=5), lively)
     verifier = EarlyExitVerifier(random_exit(LIVELY, 3, seed=6), lively)
-    config = SpecConfig(tree=TreeConfig(branching=(2, 2, 1)))
-    ref = specjax.generate(lively, RAGGED, max_new_tokens=40)
+    tree = TreeConfig(branching=(2, 2, 1))
+    config = SpecConfig(tree=tree)
+    room = LIVELY.max_seq_len - max(map(len, RAGGED)) - tree.num_nodes - tree.max_depth - 1
+    ref = specjax.generate(lively, RAGGED, max_new_tokens=room)
     out = specjax.speculative_generate(
-        lively, drafter, RAGGED, max_new_tokens=40, config=config, verifier=verifier
+        lively, drafter, RAGGED, max_new_tokens=room, config=config, verifier=verifier
     )
     np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
     np.testing.assert_array_equal(np.asarray(out.lengths), np.asarray(ref.lengths))
+    hist = np.asarray(out.stats["accepted_hist"]).sum(0)
+    assert hist[0] > 0 and hist[1:].sum() > 0, hist  # the target accepts and rejects
+    exit_accepted = int(np.asarray(out.stats["exit_accepted"]).sum())
+    exit_steps = int(np.asarray(out.stats["exit_steps"]).sum())
+    assert 0 < exit_accepted < tree.max_depth * exit_steps  # and so does the verify exit
     with pytest.raises(ValueError, match="exit layer 4 must lie in"):
         LMDrafter.self_draft_exit(random_exit(LIVELY, 4), lively)

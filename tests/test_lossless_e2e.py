@@ -310,7 +310,8 @@ def biased_chain_rule(tree, p, key, max_depth):
     )
 
 
-@pytest.mark.slow
+# In the default run: the only check there that a biased rule inside the engine reaches the
+# distribution check (the other biased controls are synthetic, rule-level or `slow`).
 def test_end_to_end_check_catches_a_biased_rule(target, drafter, monkeypatch):
     from specjax import speculative, verify
 
