@@ -90,6 +90,9 @@ def test_greedy_output_unchanged_at_every_threshold(target, drafter_kind, tree):
         np.testing.assert_array_equal(hist.sum(1), steps)
         verified = np.asarray(out.stats["verified_nodes"])
         assert np.all(verified >= np.asarray(out.stats["draft_len"]) + 1)
+        if threshold == 0.0:  # the drafts are both accepted and rejected, so equality means
+            accepted = np.asarray(out.stats["accepted_hist"]).sum(0)  # something
+            assert accepted[0] > 0 and accepted[1:].sum() > 0, accepted
     assert cuts[0] == 0 and cuts[2] > cuts[0], cuts  # threshold 0 keeps everything
     # pre_verify=False (SpecConfig.auto()'s choices): the drafter's pre-verifier is left out.
     whole = SpecConfig(tree=tree, pre_verify=False)
