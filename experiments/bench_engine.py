@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import functools
+import shlex
+import sys
 from pathlib import Path
 
 import jax
@@ -210,7 +212,7 @@ def main():
         f"{n_mt} MT-bench first turns with the chat template (SmolLM2, {smol_new} new "
         "tokens, stops at EOS)",
         repetitions=f"{args.reps} interleaved",
-        command="python experiments/bench_engine.py" + (" --quick" if args.quick else ""),
+        command=shlex.join(["python", "experiments/bench_engine.py", *sys.argv[1:]]),
     )
     RESULTS.mkdir(exist_ok=True)
     suffix = "_quick" if args.quick else ""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -284,7 +285,7 @@ def main(argv=None) -> int:
         temperatures=(0.0, 1.0),
         reps=reps,
         hf=False,
-        command="python experiments/drafters.py" + (" --quick" if args.quick else ""),
+        command=shlex.join(["python", "experiments/drafters.py", *(argv or sys.argv[1:])]),
     )
     settings["prompts"] = "; ".join(described)
     settings["wall time"] = f"{(time.perf_counter() - t0) / 60:.1f} min for the whole run"

@@ -1,7 +1,8 @@
 """PACER's pre-verifier measured: each trained drafter with its pre-verifier (checkpoints/
 <drafter>/pre_verifier, trained by experiments/train_pre_verifier.py) against the same drafter
-without it, at the best fixed setting the hardware-aware default picks (SpecConfig.auto(),
-no fallback to plain decoding) and at fixed trees. Same harness as experiments/bench.py
+without it, as the hardware-aware default call runs (SpecConfig.auto() as a user calls it: it
+may stop speculating within a call, the table's fallback columns say where) and at fixed
+trees. Same harness as experiments/bench.py
 (interleaved repetitions in one process, specjax autoregressive decoding as the baseline,
 greedy output compared token for token). Writes experiments/results/pacer.md.
 
@@ -15,8 +16,9 @@ threshold that replayed best for that budget under this machine's costs (chosen 
 call from the steps recorded in the checkpoint: specjax.pre_verifier_local), to the nodes it
 expects to be accepted, and verifies the smallest of a few static node counts that holds them;
 draft nodes "N -> m" in the table give the budget and the mean number verified. The default
-call with the pre-verifier ("auto-tree" without ":nopv") chooses its tree as without it, then
-lets the pre-verifier prune it where the replay predicts at least 3% more tokens per second
+call with the pre-verifier ("auto-tree" without ":nopv") chooses its tree the same way (the
+two calls may still choose different trees: each adapts to its own earlier calls), then lets
+the pre-verifier prune it where the replay predicts at least 3% more tokens per second
 (its tree label then ends in "pre-verified").
 
 SmolLM2 adds the adaptive lengths that pay on a CPU (SMOLLM2_ADAPTIVE: a text chain drafted

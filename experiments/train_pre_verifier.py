@@ -7,8 +7,8 @@ and in experiments/results/pre_verifier_<drafter>.md (+ a calibration plot).
 
 Labels: greedy speculative decoding with the collection tree on held-in prompts
 (specjax.calibration.held_in_prompts: the project's broad and task prompt generators in the chat
-template for SmolLM2 (the shipped SmolLM2 pre-verifiers were trained when it held broad prompts
-only; their cards say so), TinyStories training paragraphs for stories260K); the last fifth of
+template for SmolLM2 (their cards name the mix each was trained on), TinyStories training
+paragraphs for stories260K); the last fifth of
 the prompts is held out for the calibration figures. MT-bench's first turns are used for
 evaluation only (AUC and calibration on them; nothing is fitted there). The thresholds are the
 ones whose replay on the held-out steps (specjax.pre_verifier_replay) gives the most tokens per
@@ -25,6 +25,8 @@ collection tree as its training; nothing is retrained).
 from __future__ import annotations
 
 import argparse
+import shlex
+import sys
 import time
 from pathlib import Path
 
@@ -75,6 +77,8 @@ def main() -> None:
         help="only record the held-out steps into an existing pre_verifier/",
     )
     args = ap.parse_args()
+    # The command as run, for the card and the results file (every flag changes what is trained).
+    command = shlex.join(["python", "experiments/train_pre_verifier.py", *sys.argv[1:]])
 
     folder = Path(args.drafter)
     folder = folder if folder.exists() else repo_dir() / args.drafter
@@ -163,7 +167,7 @@ def main() -> None:
     lines = [
         f"## Pre-verifier ({FOLDER}/)",
         "",
-        f"Trained by `python experiments/train_pre_verifier.py --drafter {args.drafter}` on "
+        f"Trained by `{command}` on "
         f"{len(y)} labelled nodes from greedy decoding with dynamic({args.tree}) on "
         f"{n_train} held-in prompts ({description}); {args.steps} steps, "
         f"{train_s:.0f} s (+{record_s:.0f} s recording). Block b = {args.block} level(s); "
@@ -195,7 +199,7 @@ def main() -> None:
         f"# Pre-verifier of {folder.name}",
         "",
         f"- host: {cpu_model()}, jax {__import__('jax').__version__}",
-        f"- `python experiments/train_pre_verifier.py --drafter {args.drafter}`",
+        f"- `{command}`",
         "",
         section,
         "## Replay of the held-out steps (greedy; costs measured on this machine)",

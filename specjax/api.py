@@ -152,8 +152,10 @@ def _verified_where_drafted(config: SpecConfig) -> SpecConfig:
 # 1.88x / 1.93x, over (7,4,4) + 8 1.80x, (11,4,4) + 8 1.79x, (7,3,8) + 8 1.81x, (3,2,8) + 8
 # 1.88x, (5,3,4) + 8 1.90x, against its best whole tree (3,2,8) + 4 1.78x / 1.81x; the eagle
 # over (7,3,4) + 8 2.12x, over (7,4,4) + 8 2.06x. The default call so, MT-bench / qa
-# (experiments/results/pacer.md): eagle 2.09x / 2.35x against 1.89x / 2.00x choosing whole
-# trees alone, mdc 1.85x / 2.12x against 1.80x / 1.97x.
+# (experiments/results/pacer.md, its latest run): eagle 2.07x / 2.36x against 1.72x / 2.06x
+# choosing whole trees alone, mdc 1.97x / 2.23x against 1.70x / 2.04x. These settings were
+# swept on MT-bench first turns, the set pacer.md reports: a sweep on held-in prompts would
+# make its MT-bench figures independent of the choice.
 COST_AWARE_TREE = (7, 3, 4)
 COST_AWARE_CHAIN = 8
 # The largest batch that runs the candidate; larger batches keep the chosen tree
