@@ -17,8 +17,9 @@ call from the steps recorded in the checkpoint: specjax.pre_verifier_local), to 
 expects to be accepted, and verifies the smallest of a few static node counts that holds them;
 draft nodes "N -> m" in the table give the budget and the mean number verified. The default
 call with the pre-verifier ("auto-tree" without ":nopv") chooses its tree the same way (the
-two calls may still choose different trees: each adapts to its own earlier calls), then lets
-the pre-verifier prune it where the replay predicts at least 3% more tokens per second
+two calls can still choose differently: the eagle's chose dynamic(3,2,8)+text(4) with it and
+dynamic(3,2,4)+text(4) without it on MT-bench in pacer.md's latest run), then lets the
+pre-verifier prune it where the replay predicts at least 3% more tokens per second
 (its tree label then ends in "pre-verified").
 
 SmolLM2 adds the adaptive lengths that pay on a CPU (SMOLLM2_ADAPTIVE: a text chain drafted
