@@ -9,8 +9,13 @@ writes there were outside their draft vocabulary. The target writes the answers 
 what the prompts control is which parts of the target's behaviour the drafter sees: here longer,
 multi-part requests, named people and places, numbers, code and technical vocabulary.
 
-Written for this project from the category names only; no evaluation question (MT-bench, EAGLE's
-qa set) is read here, and templates that turned out to resemble one were removed.
+No evaluation question (MT-bench or any EAGLE question file) is read here. Some templates
+resemble MT-bench first turns, though: the remainder of twice a number, f(x) = c x^3 - b x + a,
+"using strong imagery", a story beginning with a given sentence, an outline for a blog post
+comparing two things, numbered movie reviews, the longest common subsequence and (with
+prompts.py's code tasks) a recursive Fibonacci function: 424 of broad_prompts(4096, seed 0),
+in the committed smollm2-broad answers (NOTES.md, "Sixty-fifth session"). They stay until the
+answers are rebuilt without them, so that the committed set keeps matching its generator.
 """
 
 from __future__ import annotations
