@@ -269,3 +269,31 @@ def test_story_answers_written_with_the_old_sets_default_stay_usable(tmp_path):
     _check_manifest(tmp_path, {"source": "/b/m1.gguf", "config": chat})
     with pytest.raises(ValueError, match=r"another model \(m1.gguf\), not m2.gguf"):
         _check_manifest(tmp_path, {"source": "/a/m2.gguf", "config": chat})
+
+
+def test_answers_to_evaluation_like_prompts_are_left_out():
+    """Rows whose prompt text comes from a template written after an evaluation question are
+    dropped (found by the text, so committed answers serve unchanged); the rest keep every
+    array row for row."""
+    from specjax.train.data import Dataset
+    from specjax.train.evaluation_like import drop_evaluation_like, resembles_evaluation
+
+    assert resembles_evaluation("<|im_start|>user\nIf f(x) = 3x^3 - 2x + 5, find f(3).")
+    assert not resembles_evaluation("Summarize the paragraph below in two sentences.")
+    prompts = ["Tell me about tea.", "Here are reviews:\n1. This movie was slow.", "Write a haiku."]
+    # Token i of a row stands for character i of its prompt; answers follow.
+    width = 48
+    tokens = np.zeros((3, width), np.int32)
+    for r, p in enumerate(prompts):
+        tokens[r, : len(p)] = [ord(c) for c in p]
+    lengths = np.array([len(p) + 5 for p in prompts], np.int32)
+    data = Dataset(
+        tokens=tokens,
+        feats=np.arange(3 * width * 2, dtype=np.float16).reshape(3, width, 2),
+        lengths=lengths,
+        prompt_lens=np.array([len(p) for p in prompts], np.int32),
+    )
+    kept, dropped = drop_evaluation_like(data, lambda ids: "".join(map(chr, ids)))
+    assert dropped == 1 and kept.fusion_feats is None
+    for name in ("tokens", "feats", "lengths", "prompt_lens"):
+        np.testing.assert_array_equal(getattr(kept, name), getattr(data, name)[[0, 2]])

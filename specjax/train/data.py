@@ -376,6 +376,20 @@ class Dataset:
     def answer_tokens(self) -> int:
         return int((self.lengths - self.prompt_lens).sum())
 
+    def rows(self, index: np.ndarray) -> Dataset:
+        """The dataset of rows `index` [R'] (every array taken along its first axis)."""
+
+        def take(x):
+            return None if x is None else x[index]
+
+        return Dataset(
+            tokens=take(self.tokens),
+            feats=take(self.feats),
+            lengths=take(self.lengths),
+            prompt_lens=take(self.prompt_lens),
+            fusion_feats=take(self.fusion_feats),
+        )
+
     def answer_ids(self) -> np.ndarray:
         """The ids of every answer token (the target's writing, prompts excluded), flat."""
         pos = np.arange(self.tokens.shape[1])[None, :]

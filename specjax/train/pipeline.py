@@ -19,6 +19,7 @@ from specjax.drafters.loading import load_drafter
 from specjax.models.drafter import DrafterConfig, DrafterNet, target_parts
 from specjax.train.checkpoint import load_drafter_net, read_header, save_drafter, write_card
 from specjax.train.data import DistillConfig, build_dataset, draft_vocabulary, load_dataset
+from specjax.train.evaluation_like import drop_evaluation_like
 from specjax.train.trainer import TrainConfig, feature_scale, train
 
 # The tree every card's tau is measured with: 31 draft nodes, depth 6, top-8 expansion.
@@ -99,6 +100,9 @@ class DrafterRecipe:
     # Committed answer sets trained on as well: (name, first n shards), resolved to feature
     # directories by the caller (experiments/train_drafters.py).
     extra_sets: tuple[tuple[str, int], ...] = ()
+    # Leave out the answers to prompts that resemble evaluation questions (specjax.train.
+    # evaluation_like); off in the recipes trained before the resemblance was found.
+    drop_evaluation_like: bool = False
 
 
 def train_drafter(
@@ -158,6 +162,10 @@ def train_drafter(
     )
     extra_data = extra_data or {}
     data = load_dataset((data_dir, recipe.max_shards), *extra_data.values())
+    dropped = 0
+    if recipe.drop_evaluation_like:
+        data, dropped = drop_evaluation_like(data, loaded.tokenizer.decode)
+        log(f"[train-drafter] {dropped} answers to evaluation-like prompts left out")
     log(
         f"[train-drafter] {len(data.lengths)} sequences, {data.answer_tokens} answer tokens, "
         f"width {data.tokens.shape[1]}"
@@ -215,6 +223,12 @@ def train_drafter(
             f"{prompt_sets} at temperatures {recipe.distill.temperatures}, "
             f"<= {recipe.distill.max_new_tokens} new tokens each"
             + (f", plus the answer sets {_extra_sets(extra_data)}" if extra_data else "")
+            + (
+                f"; {dropped} answers to prompts resembling evaluation questions left out "
+                "(specjax.train.evaluation_like)"
+                if recipe.drop_evaluation_like
+                else ""
+            )
         ),
         "draft vocabulary": (
             f"{len(vocab)} most frequent answer tokens (cover {coverage:.1%} of answer tokens)"
