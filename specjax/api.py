@@ -90,7 +90,7 @@ def speculative_generate(
     )
     # The loop is compiled for the verifier, attention, rule and fallback too: a program for
     # the same tree under other ones is not one this call can run.
-    settings = (verifier, config.attn_impl, config.rule, config.fallback)
+    settings = (id(verifier), config.attn_impl, config.rule, config.fallback)
     shape = programs.shape_of(target, drafter, mode_of(sampling), len(prompts), width,
                               max_new_tokens, settings)  # fmt: skip
     choice = programs.keep_compiled(choice, shape, max_new_tokens)

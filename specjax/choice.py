@@ -485,6 +485,11 @@ def find_profiles(
     rows = [list(map(int, np.asarray(p).reshape(-1))) for p in list(prompts)[:CALIBRATION_ROWS]]
     reserve = max(tree_reserve(p.num_nodes, p.max_depth) for p in probes)
     tokens = min(CALIBRATION_TOKENS, target.config.max_seq_len - max(map(len, rows)) - reserve)
+    if tokens < 8 and found:
+        # No room to widen the kept profile: choose within it (smaller trees) as before.
+        if progress is not None:
+            progress("the prompts leave no room to calibrate wider probes: the kept profile serves")
+        return found
     if tokens < 8:
         raise ValueError(
             "SpecConfig.auto() has no acceptance profile for this drafter and the prompts leave "

@@ -372,6 +372,10 @@ def test_a_pair_calibrated_for_fewer_nodes_is_calibrated_again(tmp_path, monkeyp
     greedy = specjax.SamplingConfig()
     kept = choice.find_profiles(target, drafter, [[1, 2, 3]], sampling=greedy, max_nodes=4)
     assert calibrated == [] and [p.probe for p in kept] == [(2, 1)]
+    # Prompts that leave no room to calibrate wider probes keep choosing within the kept ones.
+    long = [[1] * (TINY.max_seq_len - 12)]
+    narrow = choice.find_profiles(target, drafter, long, sampling=greedy, max_nodes=16)
+    assert calibrated == [] and [p.probe for p in narrow] == [(2, 1)]
     wide = choice.find_profiles(target, drafter, [[1, 2, 3]], sampling=greedy, max_nodes=16)
     assert calibrated == list(probes_for(drafter, 16)) and calibrated[0].num_nodes > 5
     assert [p.probe for p in wide] == [calibrated[0].branching]

@@ -91,6 +91,9 @@ def test_llama2c_takes_the_tokenizer_of_its_vocabulary(stories_file, tmp_path):
     (tmp_path / "tok0600.bin").write_bytes(other)
     with pytest.raises(ValueError, match=r"tok0600.bin: 600\): pass tokenizer=PATH"):
         specjax.load(model)
+    # An explicit tokenizer replaces the search beside the model.
+    explicit = specjax.load(model, tokenizer=stories_file.parent / "tok512.bin")
+    assert explicit.tokenizer.vocab_size == 512
     shutil.copy(stories_file.parent / "tok512.bin", tmp_path / "tok512.bin")
     assert specjax.load(model).tokenizer.vocab_size == 512
 

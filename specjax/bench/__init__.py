@@ -5,12 +5,12 @@ Axis letters: P = max draft depth + 1 (accepted-length histogram bins).
 
 What one run measures, per (target, dataset, temperature, method):
 
-- tau: tokens emitted per target call after the prefill's first token, (generated - 1) /
-  calls after the prefill, mean over prompts with a Student-t 95% CI, for every method (specjax
-  rows from their lengths and target_calls, HiSpec's full-target calls, transformers' forward
-  calls counted with a hook). It is a little below the acceptance length `speculative_generate`
-  reports as stats["tau"] (accepted + 1 a step), which counts a row's last accepted path whole
-  where max_new_tokens or EOS cut it.
+- tau: tokens emitted per target call, mean over prompts with a Student-t 95% CI: specjax rows
+  (generated - 1) / verification calls (the prefill's first token and call left out; HiSpec's
+  full-target calls), transformers rows generated tokens / forward calls counted with a hook
+  (assisted generation's first call verifies candidates as it prefills). specjax's is a little
+  below the acceptance length `speculative_generate` reports as stats["tau"] (accepted + 1 a
+  step), which counts a row's last accepted path whole where max_new_tokens or EOS cut it.
 - tokens/s: generated tokens (the EOS that stops a row included, both for specjax and
   transformers) / median wall time of the whole prompt set.
 - speedup: throughput over specjax autoregressive decoding of the same target, computed per

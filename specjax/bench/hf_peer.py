@@ -137,8 +137,9 @@ class _HFRunner(Runner):
 
     def decoded(self) -> Decoded:
         tokens = [t for t, _ in self.outputs]
-        # As for specjax's rows: tokens after the prefill's first over the calls after it.
-        tau = [(len(t) - 1) / max(calls - 1, 1) for t, calls in self.outputs]
+        # Generated tokens over forward calls: assisted generation's first call verifies
+        # candidates as it prefills (and plain generate's yields one token, as every later one).
+        tau = [len(t) / max(calls, 1) for t, calls in self.outputs]
         return Decoded(tokens=tokens, tau=tau)
 
 

@@ -94,10 +94,11 @@ def write_markdown(
         "|" + "---|" * len(COLUMNS),
         *(format_row(r) for r in rows),
         "",
-        "tau: tokens emitted per target call after the prefill's first token, (generated - 1) / "
-        "calls after the prefill, mean over prompts, for every method (specjax's acceptance "
-        "length, accepted + 1 a step, also counts a row's last path whole where max_new_tokens "
-        "or EOS cut it). tokens/s: generated tokens (EOS included) / "
+        "tau: tokens emitted per target call, mean over prompts: specjax (generated - 1) / "
+        "verification calls, transformers generated tokens / forward calls (its first call "
+        "verifies as it prefills); the acceptance length the default call predicts (accepted + 1 "
+        "a step) also counts a row's last path whole where max_new_tokens or EOS cut it, a "
+        "little more than these. tokens/s: generated tokens (EOS included) / "
         "median wall time of the prompt set. speedup vs AR: throughput over specjax "
         "autoregressive decoding, paired per interleaved repetition in this process, median "
         "(min-max). predicted: the tau and speedup SpecConfig.auto() predicted for the tree "

@@ -41,8 +41,8 @@ def detect_format(path: Path) -> str:
 
 def _llama2c_tokenizer_next_to(path: Path, vocab_size: int):
     """The llama2.c tokenizer beside `path` (tokenizer.bin or tok*.bin) whose vocabulary is the
-    model's, else one no larger; None when there is none; ValueError naming the files when
-    every one is larger (another model's: tok4096.bin beside a 512-token model)."""
+    model's, else the largest smaller one; None when there is none; ValueError naming the files
+    when every one is larger (another model's: tok4096.bin beside a 512-token model)."""
     names = ["tokenizer.bin", *sorted(p.name for p in path.parent.glob("tok*.bin"))]
     found = [path.parent / n for n in names if (path.parent / n).exists() and n != path.name]
     if not found:
@@ -51,7 +51,8 @@ def _llama2c_tokenizer_next_to(path: Path, vocab_size: int):
 
     tokenizers = [Llama2cTokenizer.from_file(f) for f in found]
     fitting = [t for t in tokenizers if t.vocab_size == vocab_size]
-    fitting = fitting or [t for t in tokenizers if t.vocab_size < vocab_size]
+    smaller = [t for t in tokenizers if t.vocab_size < vocab_size]
+    fitting = fitting or sorted(smaller, key=lambda t: -t.vocab_size)
     if not fitting:
         pairs = zip(found, tokenizers, strict=True)
         sizes = ", ".join(f"{f.name}: {t.vocab_size}" for f, t in pairs)
@@ -93,7 +94,8 @@ def load(
         from specjax.io.llama2c import read_llama2c
 
         cfg, weights = read_llama2c(path)
-        found = _llama2c_tokenizer_next_to(path, cfg.vocab_size)
+        # An explicit tokenizer (below) replaces the search beside the model.
+        found = None if tokenizer is not None else _llama2c_tokenizer_next_to(path, cfg.vocab_size)
     elif fmt == "gguf":
         from specjax.io.gguf_reader import open_gguf, read_gguf
 

@@ -91,7 +91,7 @@ def _refuse_unsupported(path, reader, arch: str, cfg: ModelConfig, tensors: dict
     rotary = field_value(reader, f"{arch}.rope.dimension_count")
     if rotary is not None and int(rotary) != cfg.head_dim:
         unsupported.append(f"RoPE over {rotary} of {cfg.head_dim} head dimensions")
-    if field_value(reader, f"{arch}.attention.sliding_window") is not None:
+    if field_value(reader, f"{arch}.attention.sliding_window") not in (None, 0):  # 0: off
         unsupported.append("sliding-window attention")
     read = {"token_embd.weight", "output_norm.weight", "output.weight"}
     for gguf_name, name in _LAYER_NAMES.items():

@@ -187,13 +187,16 @@ def read_hf_dir(
         raise ValueError(f"{path}: no *.safetensors files next to config.json")
     if lazy:
         return cfg, _lazy_weights(path, cfg, files)
+    names = []
+    for f in files:  # the headers first: a refused checkpoint costs no tensor read
+        with safe_open(str(f), framework="flax") as st:
+            names += [name.removeprefix("model.") for name in st.keys()]
+    check_all_read(str(path), names, cfg)
     raw = {}
     for f in files:
         with safe_open(str(f), framework="flax") as st:
             for name in st.keys():
                 raw[name.removeprefix("model.")] = np.asarray(st.get_tensor(name), np.float32)
-
-    check_all_read(str(path), raw, cfg)
 
     def get(name):
         if name not in raw:
