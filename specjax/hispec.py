@@ -101,16 +101,7 @@ class HiSpec(nnx.Module):
 
         model = getattr(target, "model", target)
         heads = load_exit_heads(path, model)
-        header = json.loads((Path(path) / "hispec.json").read_text())
-        chosen = {"draft_len": DEFAULT_DRAFT_LEN, "buffer": DEFAULT_BUFFER}
-        unknown = sorted(set(header.get("settings", {})) - set(chosen))
-        if unknown:
-            raise ValueError(
-                f"{Path(path) / 'hispec.json'}: unknown settings {unknown}; a HiSpec setting "
-                f"is one of {sorted(chosen)}"
-            )
-        chosen.update(header.get("settings", {}))
-        chosen.update(settings)
+        chosen = {**checkpoint_settings(path), **settings}
         return cls(heads["draft"], heads["verify"], model, **chosen)
 
     def with_settings(self, *, draft_len: int | None = None, buffer: int | None = None) -> HiSpec:
@@ -136,6 +127,20 @@ class HiSpec(nnx.Module):
         """Cache slots a call needs past its prompt width and max_new_tokens (HiSpecStep.
         cache_len): the buffer's, with a margin of 2."""
         return self.slots + 2
+
+
+def checkpoint_settings(path) -> dict:
+    """{"draft_len", "buffer"} of an exit-heads directory: its hispec.json's "settings" over
+    the defaults (ValueError for a setting HiSpec does not have)."""
+    header = json.loads((Path(path) / "hispec.json").read_text())
+    chosen = {"draft_len": DEFAULT_DRAFT_LEN, "buffer": DEFAULT_BUFFER}
+    unknown = sorted(set(header.get("settings", {})) - set(chosen))
+    if unknown:
+        raise ValueError(
+            f"{Path(path) / 'hispec.json'}: unknown settings {unknown}; a HiSpec setting is "
+            f"one of {sorted(chosen)}"
+        )
+    return {**chosen, **header.get("settings", {})}
 
 
 def check_settings(draft_len, buffer) -> None:

@@ -172,19 +172,13 @@ class Method:
 def _hispec_settings(drafter: str) -> dict | None:
     """The settings a HiSpec drafter spec runs with (its hispec.json's, then its switches), or
     None when `drafter` is not HiSpec exit heads."""
-    import json
-    from pathlib import Path
-
     from specjax.drafters.spec import is_hispec, split_drafter_switch
+    from specjax.hispec import checkpoint_settings
 
     path, switches = split_drafter_switch(drafter)
     if not is_hispec(path):
         return None
-    from specjax.hispec import DEFAULT_BUFFER, DEFAULT_DRAFT_LEN
-
-    header = json.loads((Path(path) / "hispec.json").read_text())
-    settings = {"draft_len": DEFAULT_DRAFT_LEN, "buffer": DEFAULT_BUFFER}
-    return {**settings, **header.get("settings", {}), **switches}
+    return {**checkpoint_settings(path), **switches}
 
 
 def parse_method(spec: str) -> Method:
