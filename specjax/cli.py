@@ -298,8 +298,10 @@ def cmd_train_drafter(args) -> int:
     )
     data_kind = "chat" if loaded.tokenizer.chat_template else "story"
     # Chat targets answer generated user turns: MT-bench and the EAGLE question files are
-    # evaluation data, never training prompts.
-    chat = dict(synthetic_prompts=args.prompts, prompt_style=args.prompt_style)
+    # evaluation data, never training prompts, and turns that resemble them are skipped.
+    chat = dict(
+        synthetic_prompts=args.prompts, prompt_style=args.prompt_style, skip_evaluation_like=True
+    )
     distill = DistillConfig(
         kind=data_kind,
         temperatures=tuple(float(t) for t in args.temperatures.split(",")),

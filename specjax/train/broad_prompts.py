@@ -10,12 +10,11 @@ what the prompts control is which parts of the target's behaviour the drafter se
 multi-part requests, named people and places, numbers, code and technical vocabulary.
 
 No evaluation question (MT-bench or any EAGLE question file) is read here. Some templates
-resemble MT-bench first turns, though: the remainder of twice a number, f(x) = c x^3 - b x + a,
-"using strong imagery", a story beginning with a given sentence, an outline for a blog post
-comparing two things, numbered movie reviews, the longest common subsequence and (with
-prompts.py's code tasks) a recursive Fibonacci function: 424 of broad_prompts(4096, seed 0),
-in the committed smollm2-broad answers (NOTES.md, "Sixty-fifth session"). They stay until the
-answers are rebuilt without them, so that the committed set keeps matching its generator.
+resemble MT-bench turns, though (the remainder of twice a number, f(x) = c x^3 - b x + a, the
+brothers-and-sisters riddle, ...: specjax.train.evaluation_like lists them). They stay, so that
+the committed smollm2-broad answers keep matching their generator: drafters leave those answers
+out (DrafterRecipe.drop_evaluation_like), and a new answer set skips those turns as it draws
+(DistillConfig.skip_evaluation_like, on for `specjax train-drafter`).
 """
 
 from __future__ import annotations

@@ -88,6 +88,11 @@ class DistillConfig:
     # of k shards only, so that the first shards of a partly answered set already cover every
     # prompt family.
     sort_window: int | None = None
+    # Generated or written user turns that resemble evaluation questions
+    # (specjax.train.evaluation_like) are skipped, and more drawn in their place: on for new
+    # answer sets, off in the committed ones, written before the resemblance was found (their
+    # drafters leave those answers out at training time instead).
+    skip_evaluation_like: bool = False
 
     def __post_init__(self):
         if self.kind not in ("chat", "story"):
@@ -111,6 +116,41 @@ class DistillConfig:
             )
 
 
+def generated_user_turns(cfg: DistillConfig, user_turns: list[str] | None = None) -> list[str]:
+    """The cfg.synthetic_prompts user turns of cfg.prompt_style (plain text): generated with
+    cfg.seed, or the first of the written user_turns for "self". With skip_evaluation_like, turns
+    that resemble evaluation questions are left out: a generator draws more in their place (the
+    first synthetic_prompts clean turns of a longer draw), while written turns are only
+    filtered, so fewer may remain."""
+    from specjax.train.broad_prompts import broad_prompts
+    from specjax.train.evaluation_like import resembles_evaluation
+    from specjax.train.prompts import synthetic_prompts
+    from specjax.train.task_prompts import task_prompts
+
+    def clean(texts: list[str]) -> list[str]:
+        if not cfg.skip_evaluation_like:
+            return texts
+        return [t for t in texts if not resembles_evaluation(t)]
+
+    n = cfg.synthetic_prompts
+    if cfg.prompt_style == "self":
+        if user_turns is None:
+            raise ValueError('prompt_style "self" needs the written user_turns')
+        return clean(user_turns[:n])
+    make = {"broad": broad_prompts, "tasks": task_prompts}.get(cfg.prompt_style, synthetic_prompts)
+    draw = n
+    while True:
+        texts = clean(make(draw, seed=cfg.seed))
+        if len(texts) >= n:
+            return texts[:n]
+        if draw >= 8 * n:  # a generator that yields almost nothing clean is a broken generator
+            raise ValueError(
+                f"prompt_style {cfg.prompt_style!r}: only {len(texts)} of {draw} generated "
+                f"turns do not resemble evaluation questions, {n} asked for"
+            )
+        draw *= 2
+
+
 def training_prompts(
     tokenizer, cfg: DistillConfig, user_turns: list[str] | None = None
 ) -> list[list[int]]:
@@ -119,20 +159,8 @@ def training_prompts(
     from specjax.datasets import SPEC_BENCH_FILES, encode_question, read_spec_bench
 
     if cfg.kind == "chat":
-        from specjax.train.broad_prompts import broad_prompts
-        from specjax.train.prompts import synthetic_prompts
-        from specjax.train.task_prompts import task_prompts
-
         texts = [q.turns[0] for name in cfg.sets for q in read_spec_bench(SPEC_BENCH_FILES[name])]
-        if cfg.prompt_style == "self":
-            if user_turns is None:
-                raise ValueError('prompt_style "self" needs the written user_turns')
-            texts += user_turns[: cfg.synthetic_prompts]
-        else:
-            make = {"broad": broad_prompts, "tasks": task_prompts}.get(
-                cfg.prompt_style, synthetic_prompts
-            )
-            texts += make(cfg.synthetic_prompts, seed=cfg.seed)
+        texts += generated_user_turns(cfg, user_turns)
         prompts = [encode_question(tokenizer, t) for t in texts]
     else:
         text = (shared_dir() / "data" / STORY_TRAIN_FILE).read_text(encoding="utf-8")

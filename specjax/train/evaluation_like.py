@@ -1,19 +1,37 @@
 """Training answers whose prompts resemble evaluation questions, and a dataset without them.
 
-No prompt generator reads an evaluation file, but some templates of specjax.train.broad_prompts
-(and one code task of specjax.train.prompts) were written after MT-bench first turns: the
-remainder of twice a number, f(x) = c x^3 - b x + a, a character "using strong imagery", a story
-that begins with a given sentence, an outline for a blog post comparing two things, numbered
-movie reviews, the longest common subsequence and the nth Fibonacci number. Their answers are in
-the committed answer sets: 423 of smollm2-broad's 4,096, and 5 of smollm2-synthetic's and 6 of
-smollm2-self's (Fibonacci); none of smollm2-tasks' (NOTES.md, "Sixty-fifth session"). A recipe
-with DrafterRecipe.drop_evaluation_like trains without them: the rows are found by the text of
-their prompts, so the committed answers and their cached features serve unchanged.
+No prompt generator reads an evaluation file, but some of their templates ask the same question,
+or pose the same kind of problem in the same setting, as a turn of MT-bench or of an EAGLE
+question file: in specjax.train.broad_prompts the remainder of twice a number, f(x) = c x^3 -
+b x + a, a character "using strong imagery", a story that begins with a given sentence, an
+outline for a blog post comparing two things, numbered movie reviews, the longest common
+subsequence, the brothers-and-sisters riddle and the constraint "start every sentence with a
+different letter"; in specjax.train.task_prompts passengers getting off and on a bus at each
+stop; among the code tasks of specjax.train.prompts the nth Fibonacci number and three humaneval
+problems (the greatest common divisor, the palindrome check, the second smallest element); how
+machine learning and photosynthesis work (MT-bench's STEM questions on them); and three turns the
+target wrote itself that ask alpaca questions. RESEMBLING holds a phrase of each.
+
+The first eight were found by reading; the rest by nearest_evaluation, a word-overlap measure
+that ranks every training turn by its nearest evaluation turn (experiments/evaluation_overlap.py
+writes the tables, and tests/test_evaluation_like.py holds every prompt source to them: a turn at
+or above SIMILAR is either in RESEMBLING or read and judged unlike, REVIEWED). The measure finds
+reused words, not paraphrases in other words, so its tables are read as well as thresholded.
+
+The committed answer sets hold such answers: 39 of smollm2-synthetic's 2,048, 573 of
+smollm2-broad's 4,096, 65 of smollm2-tasks' 4,096 and 16 of smollm2-self's 1,536 (NOTES.md,
+"Sixty-sixth session"). A recipe with DrafterRecipe.drop_evaluation_like trains without them
+(the rows are found by the text of their prompts, so the committed answers and their cached
+features serve unchanged); a new answer set skips such turns when it draws its prompts
+(DistillConfig.skip_evaluation_like).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+import re
+from collections import Counter
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -29,7 +47,42 @@ RESEMBLING = (
     "This movie was",
     "longest common subsequence",
     "Fibonacci",
+    "is driving a",  # task_prompts' passengers on a bus, tram or ferry (MT-bench's bus question)
+    "Each daughter has as many brothers as sisters",  # MT-bench's brothers-and-sisters riddle
+    "Start every sentence with a different letter",  # an MT-bench second turn's constraint
+    "machine learning",  # MT-bench's STEM questions on these two topics ask what the
+    "photosynthesis",  # generators' "explain / describe how it works" templates ask
+    "greatest common divisor",  # code tasks that are humaneval problems
+    "palindrome",
+    "second smallest",
+    # Turns the target wrote itself (smollm2-self) that ask an alpaca question
+    "benefits of using AI in healthcare",
+    "social media's supposed benefits",
+    "historical sites in Rome",
 )
+
+# Turns whose nearest evaluation turn scores at least SIMILAR (nearest_evaluation), read and
+# judged unlike it: (phrase of the turn, evaluation turn, why).
+REVIEWED = (
+    ("Solve for x:", "alpaca 24; mt_bench 117 and 120, second turns",
+     "a linear equation; the turns ask for an algorithm, an inequality, a cubic's root"),
+    ("Pythagorean theorem", "mt_bench 99, second turn",
+     "asked about (misconceptions, history, what it is), not proved"),
+    ("is older than", "gsm8k 65", "ordering by age, not age arithmetic"),
+    ("Write a poem about", "mt_bench 152, second turn", "a poem on a topic, not an allegory"),
+    ("A train travels", "gsm8k 33", "speed from distance and time, not a round trip"),
+    ("and what number is", "mt_bench 118, second turn", "percentages, not remainders"),
+    ("Design a simple experiment", "mt_bench 150, second turn",
+     "a classroom demonstration, not the turn's river-impact experiment"),
+    ("What can you do for me?", "mt_bench 91, second turn", "a different question"),
+    ("handle of DNA", "qa 366", "a different question"),
+    ("reduce stress while studying", "alpaca 23", "stress, not distractions"),
+    ("benefits of using a VPN", "alpaca 64", "a VPN, not social media"),
+    ("main character in Harry Potter", "qa 338", "a different question on the same books"),
+    ("Quantum particles", "mt_bench 141", "a list of particles, not superposition"),
+    ("rolling a sum", "gsm8k 27", "a different dice question"),
+)  # fmt: skip
+SIMILAR = 0.4
 
 
 def resembles_evaluation(text: str) -> bool:
@@ -44,3 +97,52 @@ def drop_evaluation_like(data: Dataset, decode: Callable[[list[int]], str]) -> t
     prompts = (data.tokens[r, : data.prompt_lens[r]].tolist() for r in range(len(data.lengths)))
     keep = np.array([not resembles_evaluation(decode(p)) for p in prompts], bool)
     return data.rows(np.flatnonzero(keep)), int((~keep).sum())
+
+
+def _words(text: str) -> list[str]:
+    """Lower-case alphabetic words of two letters or more (a variable name such as x is not
+    evidence that two questions are alike)."""
+    return re.findall(r"[a-z]{2,}", text.lower())
+
+
+def nearest_evaluation(
+    prompts: Sequence[str], turns: Sequence[str], chunk: int = 512
+) -> tuple[np.ndarray, np.ndarray]:
+    """(similarity [P] float32, index [P] int32): each prompt's nearest evaluation turn by the
+    cosine of TF-IDF word vectors: _words, term weight 1 + log count, inverse document frequency
+    log((1 + T) / (1 + df)) + 1 over the T turns alone, so that a prompt's score does not depend
+    on the other prompts it is scored with. 1.0 is the same words in the same proportions."""
+    turn_words = [Counter(_words(t)) for t in turns]
+    df: Counter = Counter()
+    for doc in turn_words:
+        df.update(doc.keys())
+    vocab = {w: i for i, w in enumerate(df)}
+    idf = np.log((1 + len(turns)) / (1 + np.array([df[w] for w in vocab], np.float32))) + 1
+    unseen_idf = float(np.log(1 + len(turns)) + 1)  # a word no turn has: only lengthens a prompt
+
+    def vectors(texts: Sequence[str] | Sequence[Counter]) -> np.ndarray:
+        x = np.zeros((len(texts), len(vocab)), np.float32)
+        extra = np.zeros(len(texts), np.float32)  # squared weight of words outside vocab
+        for r, doc in enumerate(texts):
+            doc = doc if isinstance(doc, Counter) else Counter(_words(doc))
+            for w, k in doc.items():
+                if w in vocab:
+                    x[r, vocab[w]] = (1 + math.log(k)) * idf[vocab[w]]
+                else:
+                    extra[r] += ((1 + math.log(k)) * unseen_idf) ** 2
+        norms = np.sqrt((x * x).sum(1) + extra)[:, None]
+        return x / np.where(norms > 0, norms, 1)
+
+    evals = vectors(turn_words)
+    best = np.zeros(len(prompts), np.float32)
+    index = np.zeros(len(prompts), np.int32)
+    for start in range(0, len(prompts), chunk):
+        sims = vectors(prompts[start : start + chunk]) @ evals.T
+        best[start : start + len(sims)] = sims.max(1)
+        index[start : start + len(sims)] = sims.argmax(1)
+    return best, index
+
+
+def reviewed(text: str) -> bool:
+    """Whether a prompt carries a phrase of REVIEWED (near an evaluation turn by words only)."""
+    return any(phrase in text for phrase, _, _ in REVIEWED)

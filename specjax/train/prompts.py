@@ -9,6 +9,8 @@ topics. This module builds them from templates, topic lists and passages of the 
 (TinyStories train head, Tiny Shakespeare), deterministically from a seed.
 
 None of these prompts is taken from an evaluation set; MT-bench's questions are never read here.
+Four code tasks and one topic ask what evaluation turns ask, though
+(specjax.train.evaluation_like).
 """
 
 from __future__ import annotations

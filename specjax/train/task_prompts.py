@@ -16,7 +16,8 @@ Shakespeare (the shared training texts), or short documents built here from rand
 towns, products, prices, dates); word problems and contexts are generated with their numbers.
 Written for this project from the family names only: no evaluation file (MT-bench, the EAGLE
 question sets, TinyStories dev) is read here, and a test checks that the prompts of the answer set
-(task_prompts(4096)) share no 40-character stretch with an MT-bench or EAGLE question.
+(task_prompts(4096)) share no 40-character stretch with an MT-bench or EAGLE question. One word
+problem poses MT-bench's bus question in other words (specjax.train.evaluation_like).
 """
 
 from __future__ import annotations
