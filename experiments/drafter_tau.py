@@ -18,7 +18,9 @@ at 80 prompts), the paired difference of the two drafters on the same prompts, t
 share of draft nodes served from reused hidden states (mdc), the drafter's layer calls per
 step and the acceptance at each depth of the tree. Writes experiments/results/drafter_tau.md,
 the per-prompt taus (and each run's steps by accepted tokens) in drafter_tau.json and the
-acceptance by depth as a plot, drafter_tau_depth.png (`--replot X.json` redraws it from a json).
+acceptance by depth as a plot, drafter_tau_depth.png (`--replot X.json` redraws it from a json),
+and tau on the first turns that training templates resemble apart from the rest (`--split
+X.json` writes that table for an earlier run).
 Cost on 2 CPU cores: ~20-27 min per drafter and temperature for 80 prompts; run it alone.
 """
 
@@ -83,6 +85,54 @@ def depth_plot_path(out: Path) -> Path:
     return out.with_name(out.stem + "_depth.png")
 
 
+def resemblance_lines(per_prompt_json: dict) -> list[str]:
+    """Markdown: per set, temperature and drafter of a drafter_tau .json, tau on the first
+    turns that a training template was written after (specjax.train.evaluation_like.RESEMBLED)
+    and on the rest; the pair's difference on the rest. [] where no set has such turns."""
+    from specjax.benchmark import mean_ci
+    from specjax.datasets import SPEC_BENCH_FILES, read_spec_bench, select_questions
+    from specjax.train.evaluation_like import RESEMBLED
+
+    runs = {}  # (set, T) -> {drafter: taus}
+    for key, taus in per_prompt_json.items():
+        parts = key.split("|")
+        if len(parts) == 3 and parts[0] in RESEMBLED:
+            runs.setdefault((parts[0], parts[1]), {})[parts[2]] = np.asarray(taus)
+    lines = []
+    for (set_name, temperature), by_name in runs.items():
+        n = len(next(iter(by_name.values())))
+        ids = [
+            q.question_id for q in select_questions(read_spec_bench(SPEC_BENCH_FILES[set_name]), n)
+        ]
+        mask = np.array([i in RESEMBLED[set_name] for i in ids])
+        if not mask.any():
+            continue
+        for name, taus in by_name.items():
+            rest, half = mean_ci(taus[~mask])
+            lines.append(
+                f"| {set_name} | {temperature} | {name} | {taus[mask].mean():.3f} ({mask.sum()}) | "
+                f"{rest:.3f} ± {half:.3f} ({(~mask).sum()}) | {taus.mean():.3f} |"
+            )
+        names = list(by_name)
+        for b in names[1:]:
+            d, half = mean_ci(by_name[names[0]][~mask] - by_name[b][~mask])
+            lines.append(
+                f"| {set_name} | {temperature} | {names[0]} - {b} | | {d:+.3f} ± {half:.3f} | |"
+            )
+    if not lines:
+        return []
+    return [
+        "",
+        "The first turns a training template was written after (specjax.train.evaluation_like."
+        "RESEMBLED; their answers are left out of training only where a drafter's card says so) "
+        "and the rest:",
+        "",
+        "| set | T | drafter | tau, resembled turns (n) | tau, the rest (n) | tau, all |",
+        "|---|---|---|---|---|---|",
+        *lines,
+    ]
+
+
 def main(argv=None) -> int:
     import specjax
     from specjax.benchmark import device_header, mean_ci
@@ -127,7 +177,27 @@ def main(argv=None) -> int:
         help="a drafter_tau .json: write its acceptance-by-depth plot beside it and stop "
         "(nothing is decoded)",
     )
+    parser.add_argument(
+        "--split",
+        default=None,
+        help="a drafter_tau .json: write its taus on resembled turns and on the rest beside it "
+        "(X_resemblance.md) and stop (nothing is decoded)",
+    )
     args = parser.parse_args(argv)
+    if args.split:
+        json_path = Path(args.split)
+        lines = resemblance_lines(json.loads(json_path.read_text()))
+        if not lines:
+            raise SystemExit(f"error: {json_path} has no set with resembled turns")
+        out = json_path.with_name(json_path.stem + "_resemblance.md")
+        header = [
+            f"# {json_path.stem}: resembled turns apart",
+            "",
+            f"Command: `python experiments/drafter_tau.py --split {args.split}`.",
+        ]
+        out.write_text("\n".join(header + lines) + "\n")
+        print("\n".join(lines))
+        return 0
     if args.replot:
         json_path = Path(args.replot)
         png = depth_plot_path(json_path)
@@ -270,6 +340,7 @@ def main(argv=None) -> int:
                 d = per_prompt[(set_name, temperature, a)] - per_prompt[(set_name, temperature, b)]
                 half = mean_ci(d)[1]
                 lines.append(f"- {set_name} T={temperature:g}: {d.mean():+.3f} ± {half:.3f}")
+    lines += resemblance_lines({f"{st}|{t:g}|{n}": taus for (st, t, n), taus in per_prompt.items()})
     lines += [
         "",
         "tau: accepted + 1 per target call (the acceptance length: a row's last call counts "

@@ -108,5 +108,34 @@ def test_committed_settings_keep_their_turns():
     off = DistillConfig(kind="chat", synthetic_prompts=300, prompt_style="broad", seed=3)
     assert generated_user_turns(off) == broad_prompts(300, seed=3)
     on = generated_user_turns(dataclasses.replace(off, skip_evaluation_like=True))
-    assert len(on) == 300 and on == [t for t in broad_prompts(600, seed=3) if t in set(on)][:300]
-    assert not any(map(resembles_evaluation, on))
+    assert on == [t for t in broad_prompts(600, seed=3) if not resembles_evaluation(t)][:300]
+    assert len(on) == 300
+
+
+def test_drafter_tau_reports_resembled_turns_apart(monkeypatch):
+    """experiments/drafter_tau.py's split: the MT-bench turns of RESEMBLED are found among the
+    80 in their order, averaged apart, and the pair is compared on the rest only."""
+    import importlib.util
+
+    from specjax.datasets import select_questions
+    from specjax.paths import repo_dir
+    from specjax.train.evaluation_like import RESEMBLED
+
+    path = repo_dir() / "experiments" / "drafter_tau.py"
+    monkeypatch.syspath_prepend(str(path.parent))
+    spec = importlib.util.spec_from_file_location("drafter_tau_script", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    ids = [q.question_id for q in select_questions(read_spec_bench("mt_bench_question.jsonl"), 80)]
+    resembled = np.array([i in RESEMBLED["mt_bench"] for i in ids])
+    a = np.where(resembled, 4.0, 2.0) + np.arange(80) / 1000
+    lines = script.resemblance_lines(
+        {"settings": {}, "mt_bench|0|a": list(a), "mt_bench|0|b": list(a - 0.5), "qa|0|a": [1.0]}
+    )
+    rest = a[~resembled].mean()
+    assert resembled.sum() == len(RESEMBLED["mt_bench"])
+    assert f"| mt_bench | 0 | a | {a[resembled].mean():.3f} ({resembled.sum()}) | {rest:.3f} " in (
+        "\n".join(lines)
+    )
+    assert any(line.startswith("| mt_bench | 0 | a - b | | +0.500 ± 0.000 |") for line in lines)
+    assert not any("| qa |" in line for line in lines)  # no resembled qa turns: no rows

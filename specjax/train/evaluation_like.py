@@ -61,6 +61,14 @@ RESEMBLING = (
     "historical sites in Rome",
 )
 
+# The evaluation questions (question_id by set) whose first turn a RESEMBLING phrase was written
+# after: tau on them is reported apart from the rest (experiments/drafter_tau.py).
+RESEMBLED = {
+    "mt_bench": ("83", "85", "87", "104", "115", "118", "120", "122", "124", "131", "143", "149"),
+    "humaneval": ("64", "69", "77"),
+    "alpaca": ("41", "46", "64"),
+}
+
 # Turns whose nearest evaluation turn scores at least SIMILAR (nearest_evaluation), read and
 # judged unlike it: (phrase of the turn, evaluation turn, why).
 REVIEWED = (
