@@ -8,12 +8,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specjax.datasets import SPEC_BENCH_FILES, read_spec_bench
+from specjax.datasets import read_spec_bench
 from specjax.train.data import DistillConfig, generated_user_turns
 from specjax.train.evaluation_like import (
     RESEMBLING,
     REVIEWED,
     SIMILAR,
+    evaluation_turns,
     nearest_evaluation,
     resembles_evaluation,
     reviewed,
@@ -53,17 +54,23 @@ def _answer_settings(name: str) -> DistillConfig:
 
 
 @pytest.fixture(scope="module")
-def evaluation_turns() -> list[str]:
-    return [t for path in SPEC_BENCH_FILES.values() for q in read_spec_bench(path) for t in q.turns]
+def evaluation() -> tuple[list[str], list[str]]:
+    return evaluation_turns()
 
 
-def _unreviewed_near(turns: list[str], evaluation_turns: list[str]) -> list[str]:
-    sim, _ = nearest_evaluation(turns, evaluation_turns)
-    return [t for t, s in zip(turns, sim, strict=True) if s >= SIMILAR and not reviewed(t)]
+def _unreviewed_near(turns: list[str], evaluation) -> list[str]:
+    """The turns at or above SIMILAR that were not judged unlike their nearest evaluation turn."""
+    labels, texts = evaluation
+    sim, idx = nearest_evaluation(turns, texts)
+    return [
+        t
+        for t, s, i in zip(turns, sim, idx, strict=True)
+        if s >= SIMILAR and not reviewed(t, labels[i])
+    ]
 
 
 @pytest.mark.parametrize("name", ["smollm2-synthetic", "smollm2-broad", "smollm2-tasks"])
-def test_generators_skip_every_turn_near_an_evaluation_question(name, evaluation_turns):
+def test_generators_skip_every_turn_near_an_evaluation_question(name, evaluation):
     """A new answer set of each committed set's settings draws as many turns, none of them
     resembling an evaluation question, and every turn near one by words was read (REVIEWED).
     Without the skip, the committed turns of broad_prompts fail the same check: the measure
@@ -73,21 +80,50 @@ def test_generators_skip_every_turn_near_an_evaluation_question(name, evaluation
     turns = generated_user_turns(clean)
     assert len(turns) == committed.synthetic_prompts
     assert not any(map(resembles_evaluation, turns))
-    assert _unreviewed_near(turns, evaluation_turns) == []
+    assert _unreviewed_near(turns, evaluation) == []
     if committed.prompt_style == "broad":
-        near = _unreviewed_near(generated_user_turns(committed), evaluation_turns)
+        near = _unreviewed_near(generated_user_turns(committed), evaluation)
         assert any("remainder when twice the number" in t for t in near)
 
 
-def test_self_written_turns_near_an_evaluation_question_are_left_out(evaluation_turns):
+def test_self_written_turns_near_an_evaluation_question_are_left_out(evaluation):
     cfg = _answer_settings("smollm2-self")
     written = json.loads((ANSWERS / "smollm2-self" / "user_turns.json").read_text())["turns"]
+    assert len(written) < cfg.synthetic_prompts  # written as far as the committed shards need
     kept = generated_user_turns(dataclasses.replace(cfg, skip_evaluation_like=True), written)
-    # Written turns are only filtered: fewer remain, in their order.
-    assert 0 < len(kept) < cfg.synthetic_prompts and kept == [
-        t for t in written[: cfg.synthetic_prompts] if not resembles_evaluation(t)
+    # The clean ones in their order (17 of the 1,536 resemble: "fibonacci" in lower case too).
+    assert kept == [t for t in written if not resembles_evaluation(t)]
+    assert len(written) - len(kept) == 17
+    assert _unreviewed_near(kept, evaluation) == []
+
+
+def test_self_turns_written_in_place_of_skipped_ones(tmp_path, monkeypatch):
+    """With skip_evaluation_like, the written list grows until it holds n clean turns, so that
+    the first n clean turns (and the windows of shards they fill) do not depend on n."""
+    from types import SimpleNamespace
+
+    import specjax.train.self_prompts as self_prompts
+    from specjax.train.data import _user_turns
+
+    pool = [
+        f"Question {i}: " + ("the Fibonacci numbers" if i % 3 == 0 else "tea") for i in range(99)
     ]
-    assert _unreviewed_near(kept, evaluation_turns) == []
+    calls = []
+
+    def write_user_turns(model, tokenizer, path, n, *, seed=0):
+        calls.append(n)
+        return pool[:n]
+
+    monkeypatch.setattr(self_prompts, "write_user_turns", write_user_turns)
+    cfg = DistillConfig(
+        kind="chat", synthetic_prompts=10, prompt_style="self", skip_evaluation_like=True
+    )
+    loaded = SimpleNamespace(model=None, tokenizer=None)
+    turns = _user_turns(loaded, cfg, tmp_path, max_shards=None)
+    clean = [t for t in pool if not resembles_evaluation(t)]
+    assert generated_user_turns(cfg, turns) == clean[:10] and calls[0] == 10
+    off = _user_turns(loaded, dataclasses.replace(cfg, skip_evaluation_like=False), tmp_path, None)
+    assert off == pool[:10]
 
 
 def test_every_listed_phrase_occurs_in_a_committed_turn():
@@ -101,15 +137,22 @@ def test_every_listed_phrase_occurs_in_a_committed_turn():
 
 
 def test_committed_settings_keep_their_turns():
-    """skip_evaluation_like off (the committed sets, whose manifests predate it) draws what the
-    generators always drew; on, the first n clean turns of a longer draw."""
+    """skip_evaluation_like off (the committed sets, whose manifests predate it) draws what each
+    generator always drew, and the written turns as they are; on, the first n clean turns of a
+    longer draw."""
     from specjax.train.broad_prompts import broad_prompts
+    from specjax.train.prompts import synthetic_prompts
+    from specjax.train.task_prompts import task_prompts
 
-    off = DistillConfig(kind="chat", synthetic_prompts=300, prompt_style="broad", seed=3)
-    assert generated_user_turns(off) == broad_prompts(300, seed=3)
-    on = generated_user_turns(dataclasses.replace(off, skip_evaluation_like=True))
-    assert on == [t for t in broad_prompts(600, seed=3) if not resembles_evaluation(t)][:300]
-    assert len(on) == 300
+    for style, make in (("basic", synthetic_prompts), ("broad", broad_prompts),
+                        ("tasks", task_prompts)):  # fmt: skip
+        off = DistillConfig(kind="chat", synthetic_prompts=300, prompt_style=style, seed=3)
+        assert generated_user_turns(off) == make(300, seed=3)
+        on = generated_user_turns(dataclasses.replace(off, skip_evaluation_like=True))
+        assert on == [t for t in make(600, seed=3) if not resembles_evaluation(t)][:300]
+    written = ["Tell me about Fibonacci.", "Tell me about tea."] * 3
+    self_off = DistillConfig(kind="chat", synthetic_prompts=4, prompt_style="self")
+    assert generated_user_turns(self_off, written) == written[:4]
 
 
 def test_drafter_tau_reports_resembled_turns_apart(monkeypatch):

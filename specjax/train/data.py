@@ -118,10 +118,11 @@ class DistillConfig:
 
 def generated_user_turns(cfg: DistillConfig, user_turns: list[str] | None = None) -> list[str]:
     """The cfg.synthetic_prompts user turns of cfg.prompt_style (plain text): generated with
-    cfg.seed, or the first of the written user_turns for "self". With skip_evaluation_like, turns
-    that resemble evaluation questions are left out: a generator draws more in their place (the
-    first synthetic_prompts clean turns of a longer draw), while written turns are only
-    filtered, so fewer may remain."""
+    cfg.seed, or the first of the written user_turns for "self" (all of them where fewer were
+    written: _user_turns writes as many as the shards asked for need). With
+    skip_evaluation_like, turns that resemble evaluation questions are left out and later ones
+    take their place: the first synthetic_prompts clean turns of a longer draw, or of the
+    written turns."""
     from specjax.train.broad_prompts import broad_prompts
     from specjax.train.evaluation_like import resembles_evaluation
     from specjax.train.prompts import synthetic_prompts
@@ -136,7 +137,7 @@ def generated_user_turns(cfg: DistillConfig, user_turns: list[str] | None = None
     if cfg.prompt_style == "self":
         if user_turns is None:
             raise ValueError('prompt_style "self" needs the written user_turns')
-        return clean(user_turns[:n])
+        return clean(user_turns)[:n]
     make = {"broad": broad_prompts, "tasks": task_prompts}.get(cfg.prompt_style, synthetic_prompts)
     draw = n
     while True:
@@ -309,9 +310,22 @@ def _user_turns(loaded, cfg: DistillConfig, answers_dir, max_shards) -> list[str
     if max_shards is not None:
         window = (cfg.sort_window or 1) * cfg.batch
         n = min(n, -(-max_shards * cfg.batch // window) * window)
-    return write_user_turns(
-        loaded.model, loaded.tokenizer, Path(answers_dir) / TURNS_FILE, n, seed=cfg.seed
-    )
+
+    def write(count: int) -> list[str]:
+        return write_user_turns(
+            loaded.model, loaded.tokenizer, Path(answers_dir) / TURNS_FILE, count, seed=cfg.seed
+        )
+
+    turns = write(n)
+    if cfg.skip_evaluation_like:
+        # Turns that resemble evaluation questions are skipped (generated_user_turns): write
+        # more in their place, so that the first n clean turns, and so every window, stay the
+        # same however many shards a later call asks for.
+        from specjax.train.evaluation_like import resembles_evaluation
+
+        while (missing := n - sum(not resembles_evaluation(t) for t in turns)) > 0:
+            turns = write(len(turns) + missing)
+    return turns
 
 
 def build_dataset(

@@ -19,7 +19,7 @@ or above SIMILAR is either in RESEMBLING or read and judged unlike, REVIEWED). T
 reused words, not paraphrases in other words, so its tables are read as well as thresholded.
 
 The committed answer sets hold such answers: 39 of smollm2-synthetic's 2,048, 573 of
-smollm2-broad's 4,096, 65 of smollm2-tasks' 4,096 and 16 of smollm2-self's 1,536 (NOTES.md,
+smollm2-broad's 4,096, 65 of smollm2-tasks' 4,096 and 17 of smollm2-self's 1,536 (NOTES.md,
 "Sixty-sixth session"). A recipe with DrafterRecipe.drop_evaluation_like trains without them
 (the rows are found by the text of their prompts, so the committed answers and their cached
 features serve unchanged); a new answer set skips such turns when it draws its prompts
@@ -61,42 +61,59 @@ RESEMBLING = (
     "historical sites in Rome",
 )
 
-# The evaluation questions (question_id by set) whose first turn a RESEMBLING phrase was written
-# after: tau on them is reported apart from the rest (experiments/drafter_tau.py).
+# The evaluation questions (question_id by set) whose first turn a RESEMBLING phrase asks the
+# same as: tau on them is reported apart from the rest (experiments/drafter_tau.py).
 RESEMBLED = {
     "mt_bench": ("83", "85", "87", "104", "115", "118", "120", "122", "124", "131", "143", "149"),
     "humaneval": ("64", "69", "77"),
     "alpaca": ("41", "46", "64"),
 }
 
-# Turns whose nearest evaluation turn scores at least SIMILAR (nearest_evaluation), read and
-# judged unlike it: (phrase of the turn, evaluation turn, why).
+# Turns whose nearest evaluation turn (labelled as evaluation_turns does) scores at least SIMILAR
+# (nearest_evaluation), read and judged unlike it: (phrase of the turn, the evaluation turns it
+# was judged against, why). A turn near another evaluation turn is not excused.
 REVIEWED = (
-    ("Solve for x:", "alpaca 24; mt_bench 117 and 120, second turns",
+    ("Solve for x:", ("alpaca 24 turn 1", "mt_bench 117 turn 2", "mt_bench 120 turn 2"),
      "a linear equation; the turns ask for an algorithm, an inequality, a cubic's root"),
-    ("Pythagorean theorem", "mt_bench 99, second turn",
+    ("Pythagorean theorem", ("mt_bench 99 turn 2",),
      "asked about (misconceptions, history, what it is), not proved"),
-    ("is older than", "gsm8k 65", "ordering by age, not age arithmetic"),
-    ("Write a poem about", "mt_bench 152, second turn", "a poem on a topic, not an allegory"),
-    ("A train travels", "gsm8k 33", "speed from distance and time, not a round trip"),
-    ("and what number is", "mt_bench 118, second turn", "percentages, not remainders"),
-    ("Design a simple experiment", "mt_bench 150, second turn",
+    ("is older than", ("gsm8k 65 turn 1",), "ordering by age, not age arithmetic"),
+    ("Write a poem about", ("mt_bench 152 turn 2",), "a poem on a topic, not an allegory"),
+    ("A train travels", ("gsm8k 33 turn 1",), "speed from distance and time, not a round trip"),
+    ("and what number is", ("mt_bench 118 turn 2",), "percentages, not remainders"),
+    ("Design a simple experiment", ("mt_bench 150 turn 2",),
      "a classroom demonstration, not the turn's river-impact experiment"),
-    ("What can you do for me?", "mt_bench 91, second turn", "a different question"),
-    ("handle of DNA", "qa 366", "a different question"),
-    ("reduce stress while studying", "alpaca 23", "stress, not distractions"),
-    ("benefits of using a VPN", "alpaca 64", "a VPN, not social media"),
-    ("main character in Harry Potter", "qa 338", "a different question on the same books"),
-    ("Quantum particles", "mt_bench 141", "a list of particles, not superposition"),
-    ("rolling a sum", "gsm8k 27", "a different dice question"),
+    ("What can you do for me?", ("mt_bench 91 turn 2",), "a different question"),
+    ("handle of DNA", ("qa 366 turn 1",), "a different question"),
+    ("reduce stress while studying", ("alpaca 23 turn 1",), "stress, not distractions"),
+    ("benefits of using a VPN", ("alpaca 64 turn 1",), "a VPN, not social media"),
+    ("main character in Harry Potter", ("qa 338 turn 1",),
+     "a different question on the same books"),
+    ("Quantum particles", ("mt_bench 141 turn 1",), "a list of particles, not superposition"),
+    ("rolling a sum", ("gsm8k 27 turn 1",), "a different dice question"),
 )  # fmt: skip
 SIMILAR = 0.4
 
 
 def resembles_evaluation(text: str) -> bool:
-    """Whether a training prompt's text comes from a template written after an evaluation
-    question (RESEMBLING)."""
-    return any(phrase in text for phrase in RESEMBLING)
+    """Whether a training prompt's text carries a phrase of RESEMBLING (case ignored: a
+    self-written turn asks for the "fibonacci series")."""
+    text = text.lower()
+    return any(phrase.lower() in text for phrase in RESEMBLING)
+
+
+def evaluation_turns() -> tuple[list[str], list[str]]:
+    """(labels "SET QUESTION_ID turn K", texts) of every turn of MT-bench and of every EAGLE
+    question file: what training turns are compared with."""
+    from specjax.datasets import SPEC_BENCH_FILES, read_spec_bench
+
+    labels, texts = [], []
+    for name, path in SPEC_BENCH_FILES.items():
+        for q in read_spec_bench(path):
+            for k, turn in enumerate(q.turns, 1):
+                labels.append(f"{name} {q.question_id} turn {k}")
+                texts.append(turn)
+    return labels, texts
 
 
 def drop_evaluation_like(data: Dataset, decode: Callable[[list[int]], str]) -> tuple[Dataset, int]:
@@ -119,7 +136,7 @@ def nearest_evaluation(
     """(similarity [P] float32, index [P] int32): each prompt's nearest evaluation turn by the
     cosine of TF-IDF word vectors: _words, term weight 1 + log count, inverse document frequency
     log((1 + T) / (1 + df)) + 1 over the T turns alone, so that a prompt's score does not depend
-    on the other prompts it is scored with. 1.0 is the same words in the same proportions."""
+    on the other prompts it is scored with. 1.0 is the same words with the same weights."""
     turn_words = [Counter(_words(t)) for t in turns]
     df: Counter = Counter()
     for doc in turn_words:
@@ -151,6 +168,7 @@ def nearest_evaluation(
     return best, index
 
 
-def reviewed(text: str) -> bool:
-    """Whether a prompt carries a phrase of REVIEWED (near an evaluation turn by words only)."""
-    return any(phrase in text for phrase, _, _ in REVIEWED)
+def reviewed(text: str, evaluation_label: str) -> bool:
+    """Whether a prompt near the evaluation turn of that label (evaluation_turns) was read and
+    judged unlike it (REVIEWED)."""
+    return any(phrase in text and evaluation_label in labels for phrase, labels, _ in REVIEWED)

@@ -307,7 +307,12 @@ def _prompt_sets(cfg) -> str:
     if cfg.synthetic_prompts:
         module = {"basic": "prompts", "broad": "broad_prompts", "tasks": "task_prompts",
                   "self": "self_prompts"}[cfg.prompt_style]  # fmt: skip
-        parts.append(f"{cfg.synthetic_prompts} generated chat prompts (specjax.train.{module})")
+        skipped = (
+            ", those resembling evaluation questions skipped" if cfg.skip_evaluation_like else ""
+        )
+        parts.append(
+            f"{cfg.synthetic_prompts} generated chat prompts (specjax.train.{module}{skipped})"
+        )
     return " and ".join(parts)
 
 
