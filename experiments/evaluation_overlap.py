@@ -4,10 +4,10 @@ For the user turns of every committed chat answer set (regenerated from its mani
 or read from the set's user_turns.json) and for each generator as a new answer set draws it
 (skip_evaluation_like on), every turn's nearest evaluation turn (every turn of MT-bench and of
 the EAGLE question files) by the cosine of TF-IDF word vectors
-(specjax.train.evaluation_like.nearest_evaluation). Per source: turns that carry a phrase of a
-template written after an evaluation question (RESEMBLING; their answers are left out of
-training), with the similarity they reach, as the measure's yardstick; the other turns at or
-above SIMILAR, each of which must have been read and judged unlike (REVIEWED); and the nearest
+(specjax.train.evaluation_like.nearest_evaluation). Per source: turns that carry a phrase of
+RESEMBLING (they ask what an evaluation turn asks; their answers are left out of training),
+with the similarity they reach, as the measure's yardstick; the other turns at or above
+SIMILAR, each of which must have been read and judged unlike (REVIEWED); and the nearest
 remaining pairs, for a reader to judge.
 
     python experiments/evaluation_overlap.py   # -> experiments/results/evaluation_overlap.md
@@ -130,8 +130,8 @@ def main() -> None:
         f"Nearest evaluation turn ({len(evals)} turns: every turn of "
         f"{', '.join(SPEC_BENCH_FILES)}) of every training turn, by the cosine of TF-IDF word "
         "vectors (specjax.train.evaluation_like.nearest_evaluation). Turns that carry a phrase "
-        "of RESEMBLING come from templates written after evaluation questions: their answers are "
-        "left out of training (DrafterRecipe.drop_evaluation_like) and new answer sets skip "
+        "of RESEMBLING ask what an evaluation turn asks: their answers are left out of training "
+        "(DrafterRecipe.drop_evaluation_like) and new answer sets skip "
         "them (DistillConfig.skip_evaluation_like); their similarity is the yardstick. Each "
         f"table lists the nearest other turns, one per evaluation turn. At or above {SIMILAR} a "
         "turn must have been read and judged unlike its evaluation turn (REVIEWED):",
