@@ -231,11 +231,14 @@ def main(argv=None) -> int:
     drafters = {}
     for spec in map(str, paths):  # DIR or DIR:SWITCH (specjax.drafters.spec)
         path, switches = split_drafter_switch(spec)
-        switches = {**switches, "pre_verifier": False}
         name = Path(path).name + spec[len(path) :]
-        if name in baseline_names:  # e.g. a retrained smollm2-mdc against the shipped one
+        # A drafter outside checkpoints/ (a retrained smollm2-eagle, say) is named with the
+        # folder above, so that it never reads as the shipped one of the same name.
+        if Path(path).parent.name != "checkpoints" or name in baseline_names:
             name = f"{Path(path).parent.name}/{name}"
-        drafters[name] = load_drafter(path, loaded.model, **switches)
+        if name in drafters:
+            raise SystemExit(f"error: two drafters named {name}: give each once")
+        drafters[name] = load_drafter(path, loaded.model, **{**switches, "pre_verifier": False})
     rows, per_prompt = [], {}
     for set_name in args.sets:
         questions = select_questions(read_spec_bench(SPEC_BENCH_FILES[set_name]), args.n)
