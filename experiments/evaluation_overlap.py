@@ -27,7 +27,7 @@ import numpy as np
 
 from specjax.benchmark import cpu_model
 from specjax.datasets import SPEC_BENCH_FILES
-from specjax.train.data import DistillConfig, generated_user_turns
+from specjax.train.data import DistillConfig, generated_user_turns, read_answer_settings
 from specjax.train.evaluation_like import (
     REVIEWED,
     SIMILAR,
@@ -46,8 +46,7 @@ SHOWN = 12
 def answer_set_turns(name: str) -> tuple[DistillConfig, list[str]]:
     """A committed answer set's settings and the user turns they give."""
     folder = ROOT / "experiments" / "answers" / name
-    config = json.loads((folder / "manifest.json").read_text())["config"]
-    cfg = DistillConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in config.items()})
+    cfg = read_answer_settings(folder)
     turns = (
         json.loads((folder / TURNS_FILE).read_text())["turns"]
         if cfg.prompt_style == "self"

@@ -275,8 +275,8 @@ def test_answers_to_evaluation_like_prompts_are_left_out():
     """Rows whose prompt text comes from a template written after an evaluation question are
     dropped (found by the text, so committed answers serve unchanged); the rest keep every
     array row for row."""
-    from specjax.train.data import Dataset
-    from specjax.train.evaluation_like import drop_evaluation_like, resembles_evaluation
+    from specjax.train.data import Dataset, drop_evaluation_like
+    from specjax.train.evaluation_like import resembles_evaluation
 
     assert resembles_evaluation("<|im_start|>user\nIf f(x) = 3x^3 - 2x + 5, find f(3).")
     assert not resembles_evaluation("Summarize the paragraph below in two sentences.")

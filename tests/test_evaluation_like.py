@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from specjax.datasets import read_spec_bench
-from specjax.train.data import DistillConfig, generated_user_turns
+from specjax.train.data import DistillConfig, generated_user_turns, read_answer_settings
 from specjax.train.evaluation_like import (
     RESEMBLING,
     REVIEWED,
@@ -49,8 +49,7 @@ def test_nearest_evaluation_ranks_a_rewording_above_other_questions():
 
 
 def _answer_settings(name: str) -> DistillConfig:
-    config = json.loads((ANSWERS / name / "manifest.json").read_text())["config"]
-    return DistillConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in config.items()})
+    return read_answer_settings(ANSWERS / name)
 
 
 @pytest.fixture(scope="module")

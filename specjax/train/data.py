@@ -40,6 +40,7 @@ import dataclasses
 import functools
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import jax
@@ -52,6 +53,7 @@ from specjax.cache import init_cache
 from specjax.config import SamplingConfig
 from specjax.decode import generate
 from specjax.paths import shared_dir
+from specjax.train.evaluation_like import resembles_evaluation
 from specjax.tree import causal_mask
 
 # EAGLE question files a DistillConfig may name in `sets`: evaluation data, named only to
@@ -124,7 +126,6 @@ def generated_user_turns(cfg: DistillConfig, user_turns: list[str] | None = None
     take their place: the first synthetic_prompts clean turns of a longer draw, or of the
     written turns."""
     from specjax.train.broad_prompts import broad_prompts
-    from specjax.train.evaluation_like import resembles_evaluation
     from specjax.train.prompts import synthetic_prompts
     from specjax.train.task_prompts import task_prompts
 
@@ -256,6 +257,13 @@ def _data_settings(config: dict) -> dict:
     return {k: v for k, v in config.items() if not (k == "sets" and config["kind"] == "story")}
 
 
+def read_answer_settings(directory: str | Path) -> DistillConfig:
+    """The DistillConfig an answers (or features) directory's manifest.json records; fields
+    added since it was written read as their defaults, as _check_manifest reads them."""
+    config = json.loads((Path(directory) / "manifest.json").read_text())["config"]
+    return DistillConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in config.items()})
+
+
 def _check_manifest(directory: Path, manifest: dict) -> None:
     """Write directory/manifest.json, refusing a directory made with other settings. A manifest
     written before a DistillConfig field existed reads as that field's default."""
@@ -321,8 +329,6 @@ def _user_turns(loaded, cfg: DistillConfig, answers_dir, max_shards) -> list[str
         # Turns that resemble evaluation questions are skipped (generated_user_turns): write
         # more in their place, so that the first n clean turns, and so every window, stay the
         # same however many shards a later call asks for.
-        from specjax.train.evaluation_like import resembles_evaluation
-
         while (missing := n - sum(not resembles_evaluation(t) for t in turns)) > 0:
             turns = write(len(turns) + missing)
     return turns
@@ -493,3 +499,13 @@ def draft_vocabulary(data: Dataset, size: int, vocab_size: int, must_have=()) ->
     counts[list(must_have)] = np.inf
     chosen = np.argsort(-counts, kind="stable")[:size]
     return np.sort(chosen).astype(np.int32)
+
+
+def drop_evaluation_like(data: Dataset, decode: Callable[[list[int]], str]) -> tuple[Dataset, int]:
+    """(data without the rows whose prompt resembles an evaluation question
+    (specjax.train.evaluation_like), rows dropped): the rows are found by the text of their
+    prompts, so committed answers and their cached features serve unchanged.
+    decode: the target tokenizer's ids -> text, applied to each row's prompt tokens."""
+    prompts = (data.tokens[r, : data.prompt_lens[r]].tolist() for r in range(len(data.lengths)))
+    keep = np.array([not resembles_evaluation(decode(p)) for p in prompts], bool)
+    return data.rows(np.flatnonzero(keep)), int((~keep).sum())

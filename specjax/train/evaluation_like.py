@@ -1,4 +1,5 @@
-"""Training answers whose prompts resemble evaluation questions, and a dataset without them.
+"""Training prompts that resemble evaluation questions: the phrases that find them, and the
+word-overlap measure that ranks every training turn by its nearest evaluation turn.
 
 No prompt generator reads an evaluation file, but some of their templates ask the same question,
 or pose the same kind of problem in the same setting, as a turn of MT-bench or of an EAGLE
@@ -21,9 +22,8 @@ reused words, not paraphrases in other words, so its tables are read as well as 
 The committed answer sets hold such answers: 39 of smollm2-synthetic's 2,048, 573 of
 smollm2-broad's 4,096, 65 of smollm2-tasks' 4,096 and 17 of smollm2-self's 1,536 (NOTES.md,
 "Sixty-sixth session"). A recipe with DrafterRecipe.drop_evaluation_like trains without them
-(the rows are found by the text of their prompts, so the committed answers and their cached
-features serve unchanged); a new answer set skips such turns when it draws its prompts
-(DistillConfig.skip_evaluation_like).
+(specjax.train.data.drop_evaluation_like); a new answer set skips such turns when it draws
+its prompts (DistillConfig.skip_evaluation_like).
 """
 
 from __future__ import annotations
@@ -31,11 +31,9 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
-
-from specjax.train.data import Dataset
 
 # Phrases of the templates above, as they appear in a prompt's text (chat template included).
 RESEMBLING = (
@@ -114,14 +112,6 @@ def evaluation_turns() -> tuple[list[str], list[str]]:
                 labels.append(f"{name} {q.question_id} turn {k}")
                 texts.append(turn)
     return labels, texts
-
-
-def drop_evaluation_like(data: Dataset, decode: Callable[[list[int]], str]) -> tuple[Dataset, int]:
-    """(data without the rows whose prompt resembles an evaluation question, rows dropped).
-    decode: the target tokenizer's ids -> text, applied to each row's prompt tokens."""
-    prompts = (data.tokens[r, : data.prompt_lens[r]].tolist() for r in range(len(data.lengths)))
-    keep = np.array([not resembles_evaluation(decode(p)) for p in prompts], bool)
-    return data.rows(np.flatnonzero(keep)), int((~keep).sum())
 
 
 def _words(text: str) -> list[str]:

@@ -18,8 +18,13 @@ from specjax.config import SamplingConfig, SpecConfig, TreeConfig
 from specjax.drafters.loading import load_drafter
 from specjax.models.drafter import DrafterConfig, DrafterNet, target_parts
 from specjax.train.checkpoint import load_drafter_net, read_header, save_drafter, write_card
-from specjax.train.data import DistillConfig, build_dataset, draft_vocabulary, load_dataset
-from specjax.train.evaluation_like import drop_evaluation_like
+from specjax.train.data import (
+    DistillConfig,
+    build_dataset,
+    draft_vocabulary,
+    drop_evaluation_like,
+    load_dataset,
+)
 from specjax.train.trainer import TrainConfig, feature_scale, train
 
 # The tree every card's tau is measured with: 31 draft nodes, depth 6, top-8 expansion.
