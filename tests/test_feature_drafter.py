@@ -676,6 +676,25 @@ def test_readouts_at_scored_positions_give_the_same_loss(tiny_target):
     chex.assert_trees_all_close(picked, everywhere, rtol=1e-5)
 
 
+def test_batch_rows_cover_each_epoch_once_in_widths_that_hold_them():
+    """The trainer's batches: every row of an epoch once (the rows past the last whole batch
+    left out), each batch as wide as its longest row rounded up to 64 and no wider than the
+    data, rows of similar length together."""
+    from specjax.train.trainer import batch_rows
+
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(5, 300, size=203)
+    stream = batch_rows(lengths, 256, batch=8, seed=1)
+    epoch = [next(stream) for _ in range(203 // 8)]
+    seen = np.concatenate([idx for idx, _ in epoch])
+    assert len(seen) == len(np.unique(seen)) == 200
+    for idx, width in epoch:
+        assert width % 64 == 0 and width <= 256
+        assert min(lengths[idx].max(), 256) <= width < lengths[idx].max() + 64
+    spread = np.mean([np.ptp(lengths[idx]) for idx, _ in epoch])
+    assert spread < 0.5 * np.ptp(lengths)  # sorted within windows, not random draws
+
+
 def test_drafter_switches_parse_alone_and_combined():
     from specjax.drafters.spec import split_drafter_switch
 

@@ -232,36 +232,43 @@ def feature_scale(data: Dataset, sample: int = 64) -> float:
     return float(np.sqrt(np.mean(f[mask] ** 2)))
 
 
-def batches(data: Dataset, batch: int, seed: int):
-    """Endless shuffled batches of whole sequences of similar length, trimmed to the longest in
-    the batch rounded up to 64 (little padding, few distinct widths, so few compilations).
+def batch_rows(lengths: np.ndarray, max_width: int, batch: int, seed: int):
+    """Endless (rows [batch] sorted, width) of shuffled batches of whole sequences of similar
+    length, the width the longest in the batch rounded up to 64 (at most max_width): little
+    padding, few distinct widths, so few compilations.
 
     Each epoch: a random permutation, sorted by length within windows of 16 batches, cut into
     batches, and the batches shuffled."""
     rng = np.random.default_rng(seed)
-    n = len(data.lengths)
+    n = len(lengths)
     window = 16 * batch
     while True:
         perm = rng.permutation(n)
         for w in range(0, n, window):
             chunk = perm[w : w + window]
-            perm[w : w + window] = chunk[np.argsort(data.lengths[chunk], kind="stable")]
+            perm[w : w + window] = chunk[np.argsort(lengths[chunk], kind="stable")]
         starts = rng.permutation(np.arange(0, n - batch + 1, batch))
         for i in starts:
             idx = np.sort(perm[i : i + batch])
-            width = min(-(-int(data.lengths[idx].max()) // 64) * 64, data.tokens.shape[1])
-            out = {
-                "tokens": data.tokens[idx, :width],
-                "feats": data.feats[idx, :width],
-                "lengths": data.lengths[idx],
-                "prompt_lens": data.prompt_lens[idx],
-            }
-            if data.fusion_feats is not None:
-                out["fusion_feats"] = data.fusion_feats[idx, :width]
-            out["scored"], out["scored_mask"] = scored_positions(
-                out["prompt_lens"], out["lengths"], width
-            )
-            yield out
+            yield idx, min(-(-int(lengths[idx].max()) // 64) * 64, max_width)
+
+
+def batches(data: Dataset, batch: int, seed: int):
+    """Endless training batches of data (rows and widths from batch_rows), with the scored
+    answer positions (scored_positions)."""
+    for idx, width in batch_rows(data.lengths, data.tokens.shape[1], batch, seed):
+        out = {
+            "tokens": data.tokens[idx, :width],
+            "feats": data.feats[idx, :width],
+            "lengths": data.lengths[idx],
+            "prompt_lens": data.prompt_lens[idx],
+        }
+        if data.fusion_feats is not None:
+            out["fusion_feats"] = data.fusion_feats[idx, :width]
+        out["scored"], out["scored_mask"] = scored_positions(
+            out["prompt_lens"], out["lengths"], width
+        )
+        yield out
 
 
 def train(
