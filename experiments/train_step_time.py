@@ -1,16 +1,23 @@
-"""Where a drafter training step's time goes, and what the readouts-at-answer-positions change
-and bfloat16 products save: the share of batch positions that are padding, prompt and answer, and
-the step time with the readouts (LM head over the draft vocabulary) at every position, at the
-scored answer positions only (specjax.train.trainer.scored_positions), at those positions with a
-bfloat16 LM head (its products in bfloat16 with float32 accumulation:
-specjax.models.drafter.readout), and with every product of the drafter in bfloat16, forward and
-backward (TrainConfig(products="bfloat16"), specjax.models.precision: pays on CPUs with AMX),
-timed interleaved on the same batches. For the bfloat16 variants it also gives the loss
-difference on the first batch and the training metrics after the timed steps of each variant
-(each variant trains its own copy from the same start on the same batches).
+"""Where a drafter training step's time goes, and what the readouts-at-answer-positions change,
+the answer windows and bfloat16 products save: the share of batch positions that are padding,
+prompt and answer, and the step time of these variants, timed interleaved on the same batches:
+
+- every: the readouts (LM head over the draft vocabulary) at every position;
+- scored: at the scored answer positions only (specjax.train.trainer.scored_positions);
+- scored-windows: besides, the unrolled levels after the first on each row's answer window only
+  (specjax.train.trainer.answer_window), as training runs now;
+- scored-bf16: a bfloat16 LM head (its products in bfloat16 with float32 accumulation:
+  specjax.models.drafter.readout);
+- scored-bf16-all: every product of the drafter in bfloat16, forward and backward
+  (TrainConfig(products="bfloat16"), specjax.models.precision: pays on CPUs with AMX).
+
+For each variant it also gives the loss difference to `scored` on the first batch and the
+training metrics after the timed steps (each variant trains its own copy from the same start
+on the same batches).
 
     python experiments/train_step_time.py                     # SmolLM2 eagle, the cached features
     python experiments/train_step_time.py --kind mdc --levels 6 --steps 20
+    python experiments/train_step_time.py --variants scored scored-windows
 
 Reads the feature cache experiments/train_drafters.py builds (experiments/cache/distill/...);
 writes experiments/results/train_step_time.md.
@@ -30,6 +37,13 @@ import numpy as np
 from flax import nnx
 
 ROOT = Path(__file__).resolve().parents[1]
+VARIANTS = {
+    "every": "readouts at every position",
+    "scored": "readouts at answer positions only (scored_positions)",
+    "scored-windows": "and the levels after the first on answer windows (answer_window)",
+    "scored-bf16": "answer positions, bfloat16 readouts",
+    "scored-bf16-all": "answer positions, every product bfloat16 (products='bfloat16')",
+}
 
 
 def main(argv=None) -> int:
@@ -55,6 +69,10 @@ def main(argv=None) -> int:
     parser.add_argument("--kind", choices=["eagle", "mdc"], default="eagle")
     parser.add_argument("--levels", type=int, default=3)
     parser.add_argument("--steps", type=int, default=12, help="timed steps per variant")
+    parser.add_argument(
+        "--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS), help="what is timed"
+    )
+    parser.add_argument("--width", type=int, default=256, help="the timed batches' width")
     parser.add_argument("--out", default=str(ROOT / "experiments/results/train_step_time.md"))
     args = parser.parse_args(argv)
 
@@ -75,17 +93,19 @@ def main(argv=None) -> int:
     optimizer = make_optimizer(tcfg)
     graphdef, params0, rest = nnx.split(net, nnx.Param, ...)
     scale = jnp.float32(feature_scale(data))
-    variants = ("every", "scored", "scored-bf16", "scored-bf16-all")
+    variants = tuple(dict.fromkeys(["scored", *args.variants]))  # scored: the losses' reference
     # Each variant trains its own copy (train_step donates its params and optimizer state).
     copies = {v: jax.tree.map(jnp.copy, params0) for v in variants}
     opts = {v: optimizer.init(copies[v]) for v in variants}
     parts_of = {v: parts for v in variants}
-    parts_of["scored-bf16"] = parts.replace(head_u=parts.head_u.astype(jnp.bfloat16))
+    if "scored-bf16" in variants:
+        parts_of["scored-bf16"] = parts.replace(head_u=parts.head_u.astype(jnp.bfloat16))
     # Every product of the drafter (its layer, fusion and readouts, forward and backward) with
     # bfloat16 operands and float32 accumulation (TrainConfig.products); the teacher's readout
     # stays float32.
     cfg_of = {v: tcfg for v in variants}
-    cfg_of["scored-bf16-all"] = dataclasses.replace(tcfg, products="bfloat16")
+    if "scored-bf16-all" in variants:
+        cfg_of["scored-bf16-all"] = dataclasses.replace(tcfg, products="bfloat16")
 
     # Share of positions: the batches training sees (1000 of them).
     stream = batches(data, tcfg.batch, 0)
@@ -96,16 +116,24 @@ def main(argv=None) -> int:
         real += int(b["lengths"].sum())
         ans += int((b["lengths"] - b["prompt_lens"]).sum())
 
-    # One fixed batch width, so each variant compiles once; the batches are real ones of it.
-    stream = batches(data, tcfg.batch, 1)
-    width = 256
-    chosen = []
-    while len(chosen) < args.steps:
+    # One fixed batch width and answer-window width (the window's commonest at that batch
+    # width), so each variant compiles once; the batches are real ones of them.
+    stream = batches(data, tcfg.batch, 1, levels=args.levels)
+    width = args.width
+    candidates = []
+    while len(candidates) < max(8 * args.steps, 100):
         b = next(stream)
         if b["tokens"].shape[1] == width:
-            chosen.append(b)
+            candidates.append(b)
+    # (a batch without a window: its window would be the batch's width, see trainer.batches)
+    window_widths = [b["window"].shape[1] if "window" in b else width for b in candidates]
+    common = max(set(window_widths), key=window_widths.count)
+    chosen = [b for b, w in zip(candidates, window_widths, strict=True) if w == common]
+    chosen = chosen[: args.steps]
 
     def run(batch, variant: str):
+        if variant != "scored-windows":
+            batch = {k: v for k, v in batch.items() if k != "window"}
         if variant == "every":
             batch = {k: v for k, v in batch.items() if not k.startswith("scored")}
         t0 = time.perf_counter()
@@ -124,14 +152,14 @@ def main(argv=None) -> int:
             seconds, last[v] = run(batch, v)
             times[v].append(seconds)
     med = {v: float(np.median(times[v])) for v in variants}
-    every, picked, bf16 = med["every"], med["scored"], med["scored-bf16"]
-    bf16_all = med["scored-bf16-all"]
+    base = variants[0] if "every" not in variants else "every"
+    share = window_widths.count(common) / len(window_widths)
 
     def gap(variant: str) -> float:
         return abs(first[variant]["loss"] - first["scored"]["loss"]) / first["scored"]["loss"]
 
     lines = [
-        "# Drafter training step: where the positions go, and readouts at answer positions",
+        "# Drafter training step: where the positions go, and what each change saves",
         "",
         f"- command: `python experiments/train_step_time.py {' '.join(argv or sys.argv[1:])}`",
         device_header(),
@@ -145,26 +173,22 @@ def main(argv=None) -> int:
         "|---|---|---|",
         f"| {1 - real / pos:.1%} | {(real - ans) / pos:.1%} | {ans / pos:.1%} |",
         "",
-        f"Step time, batches of width {width}, median of {args.steps} interleaved steps:",
+        f"Step time, batches of width {width} with answer windows of {common} (the commonest "
+        f"at that width: {share:.0%} of its batches), median of {len(chosen)} interleaved "
+        f"steps, relative to {base}:",
         "",
-        "| readouts at | ms / step | relative |",
+        "| variant | ms / step | relative |",
         "|---|---|---|",
-        f"| every position | {every * 1e3:.0f} | 1.00 |",
-        f"| answer positions only (scored_positions) | {picked * 1e3:.0f} | {picked / every:.2f} |",
-        f"| answer positions, bfloat16 readouts | {bf16 * 1e3:.0f} | {bf16 / every:.2f} |",
-        f"| answer positions, every product bfloat16 (products='bfloat16') | "
-        f"{bf16_all * 1e3:.0f} | {bf16_all / every:.2f} |",
+        *(f"| {VARIANTS[v]} | {med[v] * 1e3:.0f} | {med[v] / med[base]:.2f} |" for v in variants),
         "",
         *(
-            f"{label}: first-step loss {first[v]['loss']:.4f} against "
-            f"{first['scored']['loss']:.4f} in float32 (relative difference {gap(v):.1e}); after "
-            f"{args.steps + 1} steps each: loss {last[v]['loss']:.4f} against "
+            f"{VARIANTS[v]}: first-step loss {first[v]['loss']:.4f} against "
+            f"{first['scored']['loss']:.4f} (relative difference {gap(v):.1e}); after "
+            f"{len(chosen) + 1} steps each: loss {last[v]['loss']:.4f} against "
             f"{last['scored']['loss']:.4f}, level-0 agreement {last[v]['acc0']:.3f} "
             f"against {last['scored']['acc0']:.3f}.\n"
-            for label, v in (
-                ("bfloat16 readouts", "scored-bf16"),
-                ("Every product bfloat16", "scored-bf16-all"),
-            )
+            for v in variants
+            if v != "scored"
         ),
     ]
     Path(args.out).write_text("\n".join(lines) + "\n")

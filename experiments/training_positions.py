@@ -1,22 +1,24 @@
-"""Where a drafter training batch's positions go, and what two ways of cutting them would save:
-sequence packing and running the unrolled levels on answer windows only.
+"""Where a drafter training batch's positions go, and what two ways of cutting them save:
+sequence packing (not built) and running the unrolled levels on answer windows (the trainer
+does: specjax.train.trainer.answer_window).
 
 The drafter's layer runs over every position of a batch at every unrolled level, padding and
-prompt included (its readouts already run at the answer positions only:
-specjax.train.trainer.scored_positions). This counts, over the batches the trainer draws
-(specjax.train.trainer.batch_rows) from the SmolLM2 card recipe's answers, evaluation-like
-prompts left out as the clean recipe does:
+prompt included, unless its levels after the first run on answer windows (its readouts run at
+the answer positions only: specjax.train.trainer.scored_positions). This counts, over the
+batches the trainer draws (specjax.train.trainer.batch_rows) from the SmolLM2 card recipe's
+answers, evaluation-like prompts left out as the clean recipe does:
 
 - the share of positions that are padding, prompt and answer;
 - packing: whole sequences packed first-fit (longest first) into rows of the data's width, from
-  the same windows of 16 batches the trainer sorts by length, batches cut to their fullest row
+  windows of 16 batches' sequences as the trainer sorts them, batches cut to their fullest row
   rounded up to 64 as the trainer does; the padding share left;
 - answer windows: levels 1.. need only the positions from `levels` before each row's answer
   onward (the first level keeps every position, as context), a window per batch as wide as its
   widest row's, rounded up to 64; the layer positions left, per level count.
 
-Nothing is timed: the figures are position counts (layer work scales with them; the attention
-over a packed row's width grows with its square).
+Nothing is timed here: the figures are position counts (layer work scales with them; the
+attention over a packed row's width grows with its square). experiments/train_step_time.py
+times the windows (`--variants scored scored-windows`).
 
     python experiments/training_positions.py
 
@@ -146,8 +148,8 @@ def main(argv=None) -> int:
         f"query-key pairs per sequence {pairs_ratio:.2f}x (every row attends over its whole "
         "width unless the kernel skips the blocks between sequences).",
         "",
-        "Layer positions (levels x rows x width) with levels 1.. on answer windows, relative to "
-        "every level on every position:",
+        "Layer positions (levels x rows x width) with levels 1.. on answer windows (as the "
+        "trainer runs them), relative to every level on every position:",
         "",
         "| levels | relative layer positions |",
         "|---|---|",

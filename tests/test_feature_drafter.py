@@ -601,9 +601,9 @@ def test_feature_noise_perturbs_only_what_the_drafter_reads(tiny_target, monkeyp
     parts = target_parts(tiny_target, drafter.net.draft_vocab[...])
     seen = []
 
-    def spy(net, parts, tokens, feats_in, levels):
+    def spy(net, parts, tokens, feats_in, levels, window=None):
         seen.append(feats_in)
-        return unrolled_outputs(net, parts, tokens, feats_in, levels)
+        return unrolled_outputs(net, parts, tokens, feats_in, levels, window)
 
     monkeypatch.setattr(trainer, "unrolled_outputs", spy)
     cfg = TrainConfig(steps=1, levels=2, feature_noise=0.25)
@@ -674,6 +674,49 @@ def test_readouts_at_scored_positions_give_the_same_loss(tiny_target):
         drafter.net, parts, batch | {"scored": scored, "scored_mask": mask}, cfg, 1.0
     )[1]
     chex.assert_trees_all_close(picked, everywhere, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kind, levels", [("eagle", 3), ("mdc4-fused", 6)])
+def test_answer_windows_give_the_same_loss_and_gradients(tiny_target, kind, levels):
+    """Running the unrolled levels after the first on each row's answer window only
+    (answer_window) is the same loss, metrics and gradients as running them everywhere: rows
+    whose window starts before their answer, one pushed earlier by the batch's end, one whose
+    prompt is shorter than the levels."""
+    from specjax.train.trainer import answer_window, drafter_loss, scored_positions
+
+    rng = np.random.default_rng(4)
+    width, m = 192, tiny_target.config.d_model
+    lengths = np.array([150, 190, 120, 60], np.int32)
+    prompt_lens = np.array([100, 140, 70, 2], np.int32)
+    window = answer_window(prompt_lens, lengths, width, levels)
+    assert window.shape == (4, 64)  # narrower than the batch: the levels skip the prompts
+    assert window[1, 0] == width - 64 < prompt_lens[1] - levels and window[3, 0] == 0
+    assert window[0, 0] == prompt_lens[0] - levels
+    batch = {
+        "tokens": rng.integers(1, 16, size=(4, width)).astype(np.int32),
+        "feats": rng.normal(size=(4, width, m)).astype(np.float32),
+        "fusion_feats": rng.normal(size=(4, width, 1, m)).astype(np.float32),
+        "lengths": lengths,
+        "prompt_lens": prompt_lens,
+    }
+    batch["scored"], batch["scored_mask"] = scored_positions(prompt_lens, lengths, width)
+    drafter = make_drafter(kind, tiny_target, seed=5)
+    parts = target_parts(tiny_target, drafter.net.draft_vocab[...])
+    cfg = TrainConfig(steps=1, levels=levels)
+    graphdef, params, rest = nnx.split(drafter.net, nnx.Param, ...)
+
+    def loss(p, b):
+        return drafter_loss(nnx.merge(graphdef, p, rest), parts, b, cfg, 1.0)
+
+    (everywhere, m_all), g_all = jax.value_and_grad(loss, has_aux=True)(params, batch)
+    (windowed, m_win), g_win = jax.value_and_grad(loss, has_aux=True)(
+        params, batch | {"window": window}
+    )
+    chex.assert_trees_all_close((windowed, m_win), (everywhere, m_all), rtol=1e-5)
+    chex.assert_trees_all_close(g_win, g_all, rtol=1e-4, atol=1e-6)
+    # The control: windows that start one level short of the answers change the loss.
+    short = answer_window(prompt_lens, lengths, width, levels - 1)
+    assert abs(float(loss(params, batch | {"window": short})[0]) - float(everywhere)) > 1e-4
 
 
 def test_batch_rows_cover_each_epoch_once_in_widths_that_hold_them():

@@ -488,7 +488,12 @@ def path_ancestors(emb: jax.Array, n: int) -> jax.Array | None:
 
 
 def unrolled_outputs(
-    net: DrafterNet, parts: TargetParts, tokens: jax.Array, feats: jax.Array, levels: int
+    net: DrafterNet,
+    parts: TargetParts,
+    tokens: jax.Array,
+    feats: jax.Array,
+    levels: int,
+    window: jax.Array | None = None,
 ) -> list[jax.Array]:
     """Teacher-forced drafting, unrolled `levels` draft steps on the drafter's own predictions.
 
@@ -504,31 +509,52 @@ def unrolled_outputs(
       (eagle) or fuse(outs[k-1][j-1], null) (mdc).
 
     Queries with j < k have no valid root and must be masked out of the loss by the caller.
+
+    window: None, or [B, W] int, each row W consecutive positions (trainer.answer_window): the
+    levels after the first run on those positions only (the first runs everywhere: it is the
+    context every level attends to), and their outputs elsewhere are zeros. outs[k][:, j] is
+    exact where j is at least k positions into its row's window (the chain before it lies in
+    the window), so a window that starts `levels` positions before a row's answer gives the
+    loss exactly what the whole width would, for less work.
     """
     b, t = tokens.shape
     emb = jnp.take(parts.embed, tokens, axis=0)
     positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
     key_pos = jnp.arange(t)[None, None, :]
-    query_pos = jnp.arange(t)[None, :, None]
     empty = jnp.zeros((b, t, 0) + (net.config.target.n_kv_heads, net.config.target.head_dim))
     no_ext = jnp.zeros((b, t, 0), bool)
 
     x0 = net.fuse(shift_right(feats, 1), emb)
     q0, k0, v0 = net.qkv(x0, positions)
-    causal = jnp.broadcast_to(key_pos <= query_pos, (b, t, t))
+    causal = jnp.broadcast_to(key_pos <= jnp.arange(t)[None, :, None], (b, t, t))
     out0 = net.finish(x0, attend_context_and_extra(q0, k0, v0, causal, empty, empty, no_ext))
+    if window is None:
+        query_pos, query_emb, prev = positions, emb, out0
+    else:
+        query_pos = window.astype(jnp.int32)
+
+        def at_window(x):  # [B, T, ...] -> [B, W, ...]
+            return jnp.take_along_axis(
+                x, query_pos.reshape(query_pos.shape + (1,) * (x.ndim - 2)), 1
+            )
+
+        query_emb, prev = at_window(emb), at_window(out0)
+    w = query_pos.shape[1]
     outs, chain_k, chain_v = [out0], [], []
     for lvl in range(1, levels):
-        x = net.fuse(shift_right(outs[-1], 1), emb if net.config.kind == "eagle" else None)
-        ctx_mask = jnp.broadcast_to(key_pos <= query_pos - lvl, (b, t, t))
+        x = net.fuse(shift_right(prev, 1), query_emb if net.config.kind == "eagle" else None)
+        ctx_mask = key_pos <= query_pos[:, :, None] - lvl  # [B, W, T]
         # Chain keys of levels 1..lvl-1 at positions j - (lvl - i): shifted so query j reads them.
         ext_k = [shift_right(k, lvl - i) for i, k in enumerate(chain_k, 1)]
         ext_v = [shift_right(v, lvl - i) for i, v in enumerate(chain_v, 1)]
-        ext_k = jnp.stack(ext_k, axis=2) if ext_k else empty
-        ext_v = jnp.stack(ext_v, axis=2) if ext_v else empty
-        ext_mask = jnp.ones((b, t, lvl - 1), bool)
-        out, k, v = net.step(x, positions, k0, v0, ctx_mask, ext_k, ext_v, ext_mask, chain=True)
-        outs.append(out)
+        ext_k = jnp.stack(ext_k, axis=2) if ext_k else empty[:, :w]
+        ext_v = jnp.stack(ext_v, axis=2) if ext_v else empty[:, :w]
+        ext_mask = jnp.ones((b, w, lvl - 1), bool)
+        prev, k, v = net.step(x, query_pos, k0, v0, ctx_mask, ext_k, ext_v, ext_mask, chain=True)
+        outs.append(prev)
         chain_k.append(k)
         chain_v.append(v)
+    if window is not None:
+        rows = jnp.arange(b)[:, None]
+        outs[1:] = [jnp.zeros_like(out0).at[rows, query_pos].set(o) for o in outs[1:]]
     return outs

@@ -84,9 +84,10 @@ def drafter_loss(
 ):
     """(loss, metrics) for a batch {tokens [B, T], feats [B, T, M], lengths [B],
     prompt_lens [B]} (plus fusion_feats [B, T, F, M], the hidden states of the drafter's
-    config.fusion_layers, for a drafter that fuses lower layers; and optionally scored [A] /
+    config.fusion_layers, for a drafter that fuses lower layers; optionally scored [A] /
     scored_mask [A] from scored_positions, which compute the readouts at the answer positions
-    only: the same loss, less work); metrics: per-level top-1
+    only, and window [B, W] from answer_window(..., cfg.levels), which runs the unrolled levels
+    after the first on the answers only: each the same loss, less work); metrics: per-level top-1
     agreement with the target ("acc{k}"). key: the feature noise's randomness (needed when
     cfg.feature_noise > 0)."""
     tokens, feats = batch["tokens"], batch["feats"].astype(jnp.float32)
@@ -121,7 +122,7 @@ def drafter_loss(
     emb = jnp.take(parts.embed, tokens, axis=0)
     # A node's ancestors are the tokens before its parent, at every level.
     ancestors = path_ancestors(emb, net.config.path_tokens - 1)  # [B, T, A, M] or None
-    outs = unrolled_outputs(net, parts, tokens, inputs, cfg.levels)
+    outs = unrolled_outputs(net, parts, tokens, inputs, cfg.levels, window=batch.get("window"))
     total, metrics = 0.0, {}
     for k, out in enumerate(outs):
         valid = (answer & (pos >= k)).astype(jnp.float32)
@@ -156,6 +157,18 @@ def scored_positions(prompt_lens: np.ndarray, lengths: np.ndarray, width: int):
     scored = np.zeros((size,), np.int32)
     scored[: len(flat)] = flat
     return scored, np.arange(size) < len(flat)
+
+
+def answer_window(prompt_lens: np.ndarray, lengths: np.ndarray, width: int, levels: int):
+    """[B, W] int32: for each row, the W consecutive positions from `levels` before its answer
+    (or its start) on, that the unrolled levels after the first need (unrolled_outputs' window):
+    W is the widest row's need rounded up to 64 (at most width), so few widths compile; a row
+    whose window would pass the batch's end starts earlier instead."""
+    start = np.maximum(np.asarray(prompt_lens) - levels, 0)
+    need = int(np.max(np.asarray(lengths) - start))
+    w = min(-(-need // 64) * 64, width)
+    start = np.minimum(start, width - w)
+    return (start[:, None] + np.arange(w)[None, :]).astype(np.int32)
 
 
 def hidden_states(net: DrafterNet, batch: dict) -> dict:
@@ -253,9 +266,10 @@ def batch_rows(lengths: np.ndarray, max_width: int, batch: int, seed: int):
             yield idx, min(-(-int(lengths[idx].max()) // 64) * 64, max_width)
 
 
-def batches(data: Dataset, batch: int, seed: int):
+def batches(data: Dataset, batch: int, seed: int, levels: int | None = None):
     """Endless training batches of data (rows and widths from batch_rows), with the scored
-    answer positions (scored_positions)."""
+    answer positions (scored_positions) and, given the unrolled levels, the answer windows
+    (answer_window) where they are narrower than the batch."""
     for idx, width in batch_rows(data.lengths, data.tokens.shape[1], batch, seed):
         out = {
             "tokens": data.tokens[idx, :width],
@@ -268,6 +282,10 @@ def batches(data: Dataset, batch: int, seed: int):
         out["scored"], out["scored_mask"] = scored_positions(
             out["prompt_lens"], out["lengths"], width
         )
+        if levels is not None:
+            window = answer_window(out["prompt_lens"], out["lengths"], width, levels)
+            if window.shape[1] < width:  # a window as wide as the batch would only add a gather
+                out["window"] = window
         yield out
 
 
@@ -326,7 +344,7 @@ def train(
     if mesh is not None:
         params, rest, opt, parts = replicate((params, rest, opt, parts), mesh)
     scale = jnp.float32(input_scale)
-    stream = batches(data, cfg.batch, cfg.seed)
+    stream = batches(data, cfg.batch, cfg.seed, levels=cfg.levels)
     for _ in range(start):  # the batches the saved steps consumed
         next(stream)
     bar = tqdm(
