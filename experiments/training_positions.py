@@ -76,7 +76,7 @@ def pack_rows(lengths: np.ndarray, width: int) -> list[int]:
 def main(argv=None) -> int:
     from specjax.benchmark import device_header
     from specjax.train.evaluation_like import resembles_evaluation
-    from specjax.train.trainer import batch_rows
+    from specjax.train.trainer import answer_window, batch_rows
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=8)
@@ -104,8 +104,7 @@ def main(argv=None) -> int:
         answer += int((lengths[idx] - prompt_lens[idx]).sum())
         prompt += int(prompt_lens[idx].sum())
         for lv in args.levels:
-            start = np.maximum(prompt_lens[idx] - lv, 0)
-            window = min(round64((lengths[idx] - start).max()), w)
+            window = answer_window(prompt_lens[idx], lengths[idx], w, lv).shape[1]
             layer[lv][0] += lv * len(idx) * w
             layer[lv][1] += len(idx) * (w + (lv - 1) * window)
 

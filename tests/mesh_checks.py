@@ -244,12 +244,13 @@ def check_training(mesh) -> None:
     from specjax.train.trainer import TrainConfig, train
 
     rng = np.random.default_rng(0)
-    rows, width = 16, 64
+    # Prompts long enough that the unrolled levels run on answer windows (64 of 128 positions).
+    rows, width = 16, 128
     data = Dataset(
         tokens=rng.integers(0, CFG.vocab_size, (rows, width)).astype(np.int32),
         feats=rng.normal(size=(rows, width, CFG.d_model)).astype(np.float16),
         lengths=np.full(rows, width - 4, np.int32),
-        prompt_lens=np.full(rows, 8, np.int32),
+        prompt_lens=np.full(rows, 70, np.int32),
     )
     cfg = TrainConfig(steps=3, batch=8, warmup=1, levels=2)
     trained = []

@@ -719,7 +719,8 @@ def test_answer_windows_give_the_same_loss_and_gradients(tiny_target, kind, leve
     # The control: windows that start one level short of the answers change the loss.
     short = answer_window(prompt_lens, lengths, width, levels - 1)
     (shorted, _), _ = value_and_grad(params, batch | {"window": short})
-    assert abs(float(shorted) - float(everywhere)) > 1e-4
+    with pytest.raises(AssertionError):
+        chex.assert_trees_all_close(shorted, everywhere, rtol=1e-5)
 
 
 def test_batch_rows_cover_each_epoch_once_in_widths_that_hold_them():

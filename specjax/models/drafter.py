@@ -514,8 +514,10 @@ def unrolled_outputs(
     levels after the first run on those positions only (the first runs everywhere: it is the
     context every level attends to), and their outputs elsewhere are zeros. outs[k][:, j] is
     exact where j is at least k positions into its row's window (the chain before it lies in
-    the window), so a window that starts `levels` positions before a row's answer gives the
-    loss exactly what the whole width would, for less work.
+    the window), so a window that starts `levels` positions before a row's first answer token
+    (its first scored position, prompt_len - 1, then sits levels - 1 into it: no slack) gives
+    the loss exactly what the whole width would, for less work. The caller must build it for
+    at least the levels it unrolls.
     """
     b, t = tokens.shape
     emb = jnp.take(parts.embed, tokens, axis=0)

@@ -87,7 +87,8 @@ def drafter_loss(
     config.fusion_layers, for a drafter that fuses lower layers; optionally scored [A] /
     scored_mask [A] from scored_positions, which compute the readouts at the answer positions
     only, and window [B, W] from answer_window(..., cfg.levels), which runs the unrolled levels
-    after the first on the answers only: each the same loss, less work); metrics: per-level top-1
+    after the first on each row's answer, the cfg.levels positions before it and up to 63 more
+    of rounding only: each the same loss, less work); metrics: per-level top-1
     agreement with the target ("acc{k}"). key: the feature noise's randomness (needed when
     cfg.feature_noise > 0)."""
     tokens, feats = batch["tokens"], batch["feats"].astype(jnp.float32)
@@ -161,9 +162,9 @@ def scored_positions(prompt_lens: np.ndarray, lengths: np.ndarray, width: int):
 
 def answer_window(prompt_lens: np.ndarray, lengths: np.ndarray, width: int, levels: int):
     """[B, W] int32: for each row, the W consecutive positions from `levels` before its answer
-    (or its start) on, that the unrolled levels after the first need (unrolled_outputs' window):
-    W is the widest row's need rounded up to 64 (at most width), so few widths compile; a row
-    whose window would pass the batch's end starts earlier instead."""
+    (or from position 0) on, that the unrolled levels after the first need (unrolled_outputs'
+    window). W is the widest row's need rounded up to 64 (at most width), so few widths
+    compile; a row whose window would pass the batch's end starts earlier instead."""
     start = np.maximum(np.asarray(prompt_lens) - levels, 0)
     need = int(np.max(np.asarray(lengths) - start))
     w = min(-(-need // 64) * 64, width)
