@@ -4,8 +4,9 @@ prompt and answer, and the step time of these variants, timed interleaved on the
 
 - every: the readouts (LM head over the draft vocabulary) at every position;
 - scored: at the scored answer positions only (specjax.train.trainer.scored_positions);
-- scored-windows: besides, the unrolled levels after the first on each row's answer window only
-  (specjax.train.trainer.answer_window), as training runs now;
+- scored-windows: besides, every unrolled level's queries on each row's answer window only
+  (specjax.train.trainer.answer_window; the first level's keys and values still everywhere), as
+  training runs now;
 - scored-bf16: a bfloat16 LM head (its products in bfloat16 with float32 accumulation:
   specjax.models.drafter.readout);
 - scored-bf16-all: every product of the drafter in bfloat16, forward and backward
@@ -40,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = {
     "every": "readouts at every position",
     "scored": "readouts at answer positions only (scored_positions)",
-    "scored-windows": "and the levels after the first on answer windows (answer_window)",
+    "scored-windows": "and every level's queries on answer windows (answer_window)",
     "scored-bf16": "answer positions, bfloat16 readouts",
     "scored-bf16-all": "answer positions, every product bfloat16 (products='bfloat16')",
 }

@@ -3,8 +3,8 @@ sequence packing (not built) and running the unrolled levels on answer windows (
 does: specjax.train.trainer.answer_window).
 
 The drafter's layer runs over every position of a batch at every unrolled level, padding and
-prompt included, unless its levels after the first run on answer windows (its readouts run at
-the answer positions only: specjax.train.trainer.scored_positions). This counts, over the
+prompt included, unless its queries run on answer windows (its readouts run at the answer
+positions only: specjax.train.trainer.scored_positions). This counts, over the
 batches the trainer draws (specjax.train.trainer.batch_rows) from the SmolLM2 card recipe's
 answers, evaluation-like prompts left out as the clean recipe does:
 
@@ -12,9 +12,10 @@ answers, evaluation-like prompts left out as the clean recipe does:
 - packing: whole sequences packed first-fit (longest first) into rows of the data's width, from
   windows of 16 batches' sequences as the trainer sorts them, batches cut to their fullest row
   rounded up to 64 as the trainer does; the padding share left;
-- answer windows: levels 1.. need only the positions from `levels` before each row's answer
-  onward (the first level keeps every position, as context), a window per batch as wide as its
-  widest row's, rounded up to 64; the layer positions left, per level count.
+- answer windows: the levels' queries need only the positions from `levels` before each row's
+  answer onward (the first level's keys and values still cover every position, as context: a
+  projection), a window per batch as wide as its widest row's, rounded up to 64; the query
+  positions left, per level count.
 
 Nothing is timed here: the figures are position counts (layer work scales with them; the
 attention over a packed row's width grows with its square). experiments/train_step_time.py
@@ -95,7 +96,7 @@ def main(argv=None) -> int:
 
     # The trainer's batches: positions and their kinds.
     total = answer = prompt = pairs = 0
-    layer = {lv: [0, 0] for lv in args.levels}  # levels -> [positions now, with answer windows]
+    layer = {lv: [0, 0] for lv in args.levels}  # levels -> [every position, answer windows]
     stream = batch_rows(lengths, width, args.batch, seed=0)
     for _ in range(args.batches):
         idx, w = next(stream)
@@ -106,7 +107,7 @@ def main(argv=None) -> int:
         for lv in args.levels:
             window = answer_window(prompt_lens[idx], lengths[idx], w, lv).shape[1]
             layer[lv][0] += lv * len(idx) * w
-            layer[lv][1] += len(idx) * (w + (lv - 1) * window)
+            layer[lv][1] += lv * len(idx) * window
 
     # Packing the same windows of 16 batches the trainer sorts by length.
     rng = np.random.default_rng(0)
@@ -147,10 +148,10 @@ def main(argv=None) -> int:
         f"query-key pairs per sequence {pairs_ratio:.2f}x (every row attends over its whole "
         "width unless the kernel skips the blocks between sequences).",
         "",
-        "Layer positions (levels x rows x width) with levels 1.. on answer windows (as the "
+        "Query positions of the layer (levels x rows x window) on answer windows (as the "
         "trainer runs them), relative to every level on every position:",
         "",
-        "| levels | relative layer positions |",
+        "| levels | relative query positions |",
         "|---|---|",
     ]
     lines += [f"| {lv} | {win / now:.3f} |" for lv, (now, win) in layer.items()]

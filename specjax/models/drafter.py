@@ -510,14 +510,14 @@ def unrolled_outputs(
 
     Queries with j < k have no valid root and must be masked out of the loss by the caller.
 
-    window: None, or [B, W] int, each row W consecutive positions (trainer.answer_window): the
-    levels after the first run on those positions only (the first runs everywhere: it is the
-    context every level attends to), and their outputs elsewhere are zeros. outs[k][:, j] is
-    exact where j is at least k positions into its row's window (the chain before it lies in
-    the window), so a window that starts `levels` positions before a row's first answer token
-    (its first scored position, prompt_len - 1, then sits levels - 1 into it: no slack) gives
-    the loss exactly what the whole width would, for less work. The caller must build it for
-    at least the levels it unrolls.
+    window: None, or [B, W] int, each row W consecutive positions (trainer.answer_window): every
+    level's queries run on those positions only (the first level's keys and values are still
+    computed everywhere: they are the context every level attends to), and the outputs
+    elsewhere are zeros. outs[k][:, j] is exact where j is at least k positions into its row's
+    window (the chain before it lies in the window), so a window that starts `levels` positions
+    before a row's first answer token (its first scored position, prompt_len - 1, then sits
+    levels - 1 into it: no slack) gives the loss exactly what the whole width would, for less
+    work. The caller must build it for at least the levels it unrolls.
     """
     b, t = tokens.shape
     emb = jnp.take(parts.embed, tokens, axis=0)
@@ -528,9 +528,9 @@ def unrolled_outputs(
 
     x0 = net.fuse(shift_right(feats, 1), emb)
     q0, k0, v0 = net.qkv(x0, positions)
-    causal = jnp.broadcast_to(key_pos <= jnp.arange(t)[None, :, None], (b, t, t))
-    out0 = net.finish(x0, attend_context_and_extra(q0, k0, v0, causal, empty, empty, no_ext))
     if window is None:
+        causal = jnp.broadcast_to(key_pos <= jnp.arange(t)[None, :, None], (b, t, t))
+        out0 = net.finish(x0, attend_context_and_extra(q0, k0, v0, causal, empty, empty, no_ext))
         query_pos, query_emb, prev = positions, emb, out0
     else:
         query_pos = window.astype(jnp.int32)
@@ -540,9 +540,16 @@ def unrolled_outputs(
                 x, query_pos.reshape(query_pos.shape + (1,) * (x.ndim - 2)), 1
             )
 
-        query_emb, prev = at_window(emb), at_window(out0)
+        # The first level's keys and values are every position's context; its outputs are read
+        # in the window only, so only the window's queries attend and run the rest of the layer.
+        w = query_pos.shape[1]
+        causal = key_pos <= query_pos[:, :, None]  # [B, W, T]
+        attn0 = attend_context_and_extra(
+            at_window(q0), k0, v0, causal, empty[:, :w], empty[:, :w], no_ext[:, :w]
+        )
+        query_emb, prev = at_window(emb), net.finish(at_window(x0), attn0)
     w = query_pos.shape[1]
-    outs, chain_k, chain_v = [out0], [], []
+    outs, chain_k, chain_v = [prev], [], []
     for lvl in range(1, levels):
         x = net.fuse(shift_right(prev, 1), query_emb if net.config.kind == "eagle" else None)
         ctx_mask = key_pos <= query_pos[:, :, None] - lvl  # [B, W, T]
@@ -558,5 +565,6 @@ def unrolled_outputs(
         chain_v.append(v)
     if window is not None:
         rows = jnp.arange(b)[:, None]
-        outs[1:] = [jnp.zeros_like(out0).at[rows, query_pos].set(o) for o in outs[1:]]
+        full = jnp.zeros((b, t, prev.shape[-1]), prev.dtype)
+        outs = [full.at[rows, query_pos].set(o) for o in outs]
     return outs
