@@ -681,7 +681,7 @@ def test_readouts_at_scored_positions_give_the_same_loss(tiny_target):
     "kind, levels", [("eagle", 3), pytest.param("mdc4-fused", 6, marks=pytest.mark.slow)]
 )
 def test_answer_windows_give_the_same_loss_and_gradients(tiny_target, kind, levels):
-    """Running the unrolled levels after the first on each row's answer window only
+    """Running every unrolled level's queries on each row's answer window only
     (answer_window) is the same loss, metrics and gradients as running them everywhere: rows
     whose window starts before their answer, one pushed earlier by the batch's end, one whose
     prompt is shorter than the levels."""

@@ -528,27 +528,21 @@ def unrolled_outputs(
 
     x0 = net.fuse(shift_right(feats, 1), emb)
     q0, k0, v0 = net.qkv(x0, positions)
-    if window is None:
-        causal = jnp.broadcast_to(key_pos <= jnp.arange(t)[None, :, None], (b, t, t))
-        out0 = net.finish(x0, attend_context_and_extra(q0, k0, v0, causal, empty, empty, no_ext))
-        query_pos, query_emb, prev = positions, emb, out0
-    else:
-        query_pos = window.astype(jnp.int32)
+    query_pos = positions if window is None else window.astype(jnp.int32)
 
-        def at_window(x):  # [B, T, ...] -> [B, W, ...]
-            return jnp.take_along_axis(
-                x, query_pos.reshape(query_pos.shape + (1,) * (x.ndim - 2)), 1
-            )
+    def at_window(x):  # [B, T, ...] -> [B, W, ...]
+        if window is None:
+            return x
+        return jnp.take_along_axis(x, query_pos.reshape(query_pos.shape + (1,) * (x.ndim - 2)), 1)
 
-        # The first level's keys and values are every position's context; its outputs are read
-        # in the window only, so only the window's queries attend and run the rest of the layer.
-        w = query_pos.shape[1]
-        causal = key_pos <= query_pos[:, :, None]  # [B, W, T]
-        attn0 = attend_context_and_extra(
-            at_window(q0), k0, v0, causal, empty[:, :w], empty[:, :w], no_ext[:, :w]
-        )
-        query_emb, prev = at_window(emb), net.finish(at_window(x0), attn0)
+    # The first level's keys and values are every position's context; its outputs are read in
+    # the window only, so only the window's queries attend and run the rest of the layer.
     w = query_pos.shape[1]
+    causal = key_pos <= query_pos[:, :, None]  # [B, W, T]
+    attn0 = attend_context_and_extra(
+        at_window(q0), k0, v0, causal, empty[:, :w], empty[:, :w], no_ext[:, :w]
+    )
+    query_emb, prev = at_window(emb), net.finish(at_window(x0), attn0)
     outs, chain_k, chain_v = [prev], [], []
     for lvl in range(1, levels):
         x = net.fuse(shift_right(prev, 1), query_emb if net.config.kind == "eagle" else None)

@@ -86,8 +86,8 @@ def drafter_loss(
     prompt_lens [B]} (plus fusion_feats [B, T, F, M], the hidden states of the drafter's
     config.fusion_layers, for a drafter that fuses lower layers; optionally scored [A] /
     scored_mask [A] from scored_positions, which compute the readouts at the answer positions
-    only, and window [B, W] from answer_window(..., cfg.levels), which runs the unrolled levels
-    after the first on each row's answer, the cfg.levels positions before it and up to 63 more
+    only, and window [B, W] from answer_window(..., cfg.levels), which runs every unrolled
+    level's queries on each row's answer, the cfg.levels positions before it and up to 63 more
     of rounding only: each the same loss, less work); metrics: per-level top-1
     agreement with the target ("acc{k}"). key: the feature noise's randomness (needed when
     cfg.feature_noise > 0)."""
@@ -162,7 +162,7 @@ def scored_positions(prompt_lens: np.ndarray, lengths: np.ndarray, width: int):
 
 def answer_window(prompt_lens: np.ndarray, lengths: np.ndarray, width: int, levels: int):
     """[B, W] int32: for each row, the W consecutive positions from `levels` before its answer
-    (or from position 0) on, that the unrolled levels after the first need (unrolled_outputs'
+    (or from position 0) on, where the unrolled levels' queries are needed (unrolled_outputs'
     window). W is the widest row's need rounded up to 64 (at most width), so few widths
     compile; a row whose window would pass the batch's end starts earlier instead."""
     start = np.maximum(np.asarray(prompt_lens) - levels, 0)
