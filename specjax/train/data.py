@@ -192,7 +192,9 @@ def teacher_forced_hidden(graphdef, params, ids, layers: tuple[int, ...] = ()):
     return out.hidden[n], jnp.stack([out.hidden[i] for i in layers], axis=2)
 
 
-def _pad_width(n: int, multiple: int = 64) -> int:
+def pad_width(n: int, multiple: int = 64) -> int:
+    """n rounded up to a multiple (64 by default): the widths of answer shards and training
+    batches, so few distinct shapes compile."""
     return -(-n // multiple) * multiple
 
 
@@ -210,7 +212,7 @@ def make_answers(model, prompts, *, temperature, max_new_tokens, eos_id, key) ->
     answers, n_gen = np.asarray(out.tokens), np.asarray(out.lengths)
     seqs = [list(p) + answers[i, : n_gen[i]].tolist() for i, p in enumerate(prompts)]
     lengths = np.array([len(s) for s in seqs], np.int32)
-    ids = np.zeros((len(seqs), _pad_width(int(lengths.max()))), np.int32)
+    ids = np.zeros((len(seqs), pad_width(int(lengths.max()))), np.int32)
     for i, s in enumerate(seqs):
         ids[i, : len(s)] = s
     return {
@@ -231,7 +233,7 @@ def add_features(model, answers: dict, batch: int = 8, fusion_layers: tuple[int,
     lower = np.zeros(tokens.shape + (f, m), np.float32) if f else None
     for i in range(0, len(tokens), batch):
         rows = tokens[i : i + batch]
-        width = _pad_width(int(lengths[i : i + batch].max()))
+        width = pad_width(int(lengths[i : i + batch].max()))
         pad = np.zeros((batch, width), np.int32)  # a fixed batch: one compiled program a width
         pad[: len(rows)] = rows[:, :width]
         out = teacher_forced_hidden(graphdef, params, jnp.asarray(pad), tuple(fusion_layers))

@@ -42,7 +42,7 @@ from specjax.models.drafter import (
     unrolled_outputs,
 )
 from specjax.sharding import check_batch, check_mesh, place_rows, replicate
-from specjax.train.data import Dataset
+from specjax.train.data import Dataset, pad_width
 from specjax.train.resume import load_progress, save_progress
 
 
@@ -167,7 +167,7 @@ def answer_window(prompt_lens: np.ndarray, lengths: np.ndarray, width: int, leve
     compile; a row whose window would pass the batch's end starts earlier instead."""
     start = np.maximum(np.asarray(prompt_lens) - levels, 0)
     need = int(np.max(np.asarray(lengths) - start))
-    w = min(-(-need // 64) * 64, width)
+    w = min(pad_width(need), width)
     start = np.minimum(start, width - w)
     return (start[:, None] + np.arange(w)[None, :]).astype(np.int32)
 
@@ -264,7 +264,7 @@ def batch_rows(lengths: np.ndarray, max_width: int, batch: int, seed: int):
         starts = rng.permutation(np.arange(0, n - batch + 1, batch))
         for i in starts:
             idx = np.sort(perm[i : i + batch])
-            yield idx, min(-(-int(lengths[idx].max()) // 64) * 64, max_width)
+            yield idx, min(pad_width(int(lengths[idx].max())), max_width)
 
 
 def batches(data: Dataset, batch: int, seed: int, levels: int | None = None):
