@@ -80,6 +80,12 @@ SMOLLM2_DATA = {
 # 9600 steps (11 epochs): +0.096 +- 0.035 over 4800 on MT-bench and ahead on qa, sum and gsm8k
 # (drafter_tau_eagle_9600.md, drafter_tau_eagle_9600_tasks.md), so it ships at 9600.
 CLEAN_CHAT_STEPS = {"smollm2-eagle": 9600, "smollm2-mdc": 9600}
+# Answers to generated turns that ask what an MT-bench first turn asks
+# (specjax.train.evaluation_like: 677 of the eagle's 10,240) are left out. The eagle trained
+# without them reads the same as the one before on the 68 MT-bench first turns no training
+# template resembles (paired -0.002 +- 0.051, experiments/results/drafter_tau_eagle_clean.md), so
+# it ships; the mdc follows once its own retrain is measured.
+DROP_EVALUATION_LIKE = {"smollm2-eagle": True, "smollm2-mdc": False}
 # The mdc trained with bfloat16 products (float32 accumulation; about half the step time on an
 # AMX CPU, ~1% lower tau at equal steps: NOTES.md "Forty-first session"); the eagle in float32.
 CHAT_PRODUCTS = {"smollm2-eagle": "float32", "smollm2-mdc": "bfloat16"}
@@ -133,6 +139,7 @@ RECIPES = {
             max_shards=SMOLLM2_DATA[f"smollm2-{kind}"][0],
             extra_sets=SMOLLM2_DATA[f"smollm2-{kind}"][1],
             path_tokens=PATH_TOKENS[kind],
+            drop_evaluation_like=DROP_EVALUATION_LIKE[f"smollm2-{kind}"],
         ),
     )
     for kind in ("mdc", "eagle")
