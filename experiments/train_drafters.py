@@ -80,7 +80,7 @@ SMOLLM2_DATA = {
 # 9600 steps (11 epochs): +0.096 +- 0.035 over 4800 on MT-bench and ahead on qa, sum and gsm8k
 # (drafter_tau_eagle_9600.md, drafter_tau_eagle_9600_tasks.md), so it ships at 9600.
 CLEAN_CHAT_STEPS = {"smollm2-eagle": 9600, "smollm2-mdc": 9600}
-# Answers to generated turns that ask what an MT-bench first turn asks
+# Answers to generated turns that ask what an evaluation turn asks
 # (specjax.train.evaluation_like: 677 of the eagle's 10,240) are left out. The eagle trained
 # without them reads the same as the one before on the 68 MT-bench first turns no training
 # template resembles (paired -0.002 +- 0.051, experiments/results/drafter_tau_eagle_clean.md), so
