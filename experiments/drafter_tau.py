@@ -343,15 +343,16 @@ def main(argv=None) -> int:
                 d = per_prompt[(set_name, temperature, a)] - per_prompt[(set_name, temperature, b)]
                 half = mean_ci(d)[1]
                 lines.append(f"- {set_name} T={temperature:g}: {d.mean():+.3f} ± {half:.3f}")
-        for temperature in args.temperatures:
-            if len(args.sets) < 2:
-                break
-            # every prompt of every set weighs the same, as in "All sets together"
-            d = np.concatenate([per_prompt[(st, temperature, a)] for st in args.sets])
-            d = d - np.concatenate([per_prompt[(st, temperature, b)] for st in args.sets])
-            lines.append(
-                f"- {'+'.join(args.sets)} T={temperature:g}: {d.mean():+.3f} ± {mean_ci(d)[1]:.3f}"
-            )
+        if len(args.sets) > 1:  # every prompt of every set weighs the same, as above
+            for temperature in args.temperatures:
+                d = np.concatenate(
+                    [per_prompt[(st, temperature, a)] - per_prompt[(st, temperature, b)]
+                     for st in args.sets]
+                )  # fmt: skip
+                half = mean_ci(d)[1]
+                lines.append(
+                    f"- {'+'.join(args.sets)} T={temperature:g}: {d.mean():+.3f} ± {half:.3f}"
+                )
     lines += resemblance_lines({f"{st}|{t:g}|{n}": taus for (st, t, n), taus in per_prompt.items()})
     lines += [
         "",

@@ -298,11 +298,10 @@ def main(argv=None) -> int:
         "share their steps, and their data but for the answers the eagle leaves out (those to "
         "turns resembling an evaluation turn). Their head-to-head on all 80 MT-bench first "
         "turns, with the acceptance at each tree depth (the mdc trails from depth 4), is "
-        "experiments/results/"
-        "drafter_tau.md; the mdc's deep levels tested (6 unrolled levels, 4 path tokens) in "
-        "drafter_tau_mdc_levels6.md and drafter_tau_mdc_path4.md; the stale-plus-fresh logits "
-        "in drafter_tau_mdc_stale.md; where each loses agreement with the target, level by "
-        "level, in drafter_agreement.md.",
+        "experiments/results/drafter_tau.md; the mdc's deep levels tested (6 unrolled "
+        "levels, 4 path tokens) in drafter_tau_mdc_levels6.md and drafter_tau_mdc_path4.md; "
+        "the stale-plus-fresh logits in drafter_tau_mdc_stale.md; where each loses agreement "
+        "with the target, level by level, in drafter_agreement.md.",
         "`:noreuse` recomputes the hidden-state chain every step (reuse on is the default; the "
         "reuse table measures how many leading chain slots to recompute).",
         "`:nopv`: the drafter without its trained pre-verifier, so every row drafts and verifies "
