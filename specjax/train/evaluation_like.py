@@ -54,7 +54,9 @@ RESEMBLING = (
     "palindrome",
     "second smallest",
     # Turns the target wrote itself (smollm2-self) that ask an alpaca question
-    "benefits of using AI in healthcare",
+    "using AI in healthcare",  # alpaca 41 (benefits of AI in the healthcare sector)
+    "AI in the healthcare",
+    "AI in a healthcare",
     "social media's supposed benefits",
     "historical sites in Rome",
 )
@@ -89,6 +91,11 @@ REVIEWED = (
      "a different question on the same books"),
     ("Quantum particles", ("mt_bench 141 turn 1",), "a list of particles, not superposition"),
     ("rolling a sum", ("gsm8k 27 turn 1",), "a different dice question"),
+    ("what a histogram is", ("humaneval 13 turn 1",), "what the chart is, not the code task"),
+    ("value of x in 5 + x", ("mt_bench 120 turn 1",), "a sum of unknowns, not a cubic's value"),
+    ("C++ inheritance in detail", ("mt_bench 153 turn 2",), "shares only 'explain in detail'"),
+    ("implement a quantum computer", ("mt_bench 141 turn 1",),
+     "building a computer, not what superposition is"),
 )  # fmt: skip
 SIMILAR = 0.4
 
