@@ -354,6 +354,36 @@ def test_checkpoint_round_trip(tmp_path, tiny_target, kind):
     assert loaded.feature_layers == ((1, 2) if kind.endswith("-fused") else (2,))
 
 
+def test_averaged_drafters_are_the_mean_of_their_weights(tmp_path, tiny_target):
+    """specjax.train.averaging: the mean of each parameter, and a clear error for drafters that
+    cannot be averaged (another kind, another draft vocabulary, another target)."""
+    from specjax.train.averaging import average_drafters
+
+    def saved(name, net, fingerprint="fp"):
+        save_drafter(net, tmp_path / name, target_name="tiny", dtype="float32",
+                     fingerprint=fingerprint)  # fmt: skip
+        return tmp_path / name
+
+    a, b = (make_drafter("eagle", tiny_target, seed=s).net for s in (1, 2))
+    net, header = average_drafters([saved("a", a), saved("b", b)])
+    assert header["kind"] == "eagle" and header["target_fingerprint"] == "fp"
+    expected = jax.tree.map(lambda x, y: (x + y) / 2, a.canonical_params(), b.canonical_params())
+    assert not np.allclose(a.canonical_params()["fc"], b.canonical_params()["fc"])
+    chex.assert_trees_all_close(net.canonical_params(), expected, atol=1e-6)
+    np.testing.assert_array_equal(net.draft_vocab[...], a.draft_vocab[...])
+
+    with pytest.raises(ValueError, match="configuration"):
+        average_drafters([tmp_path / "a", saved("m", make_drafter("mdc", tiny_target).net)])
+    vocab = np.arange(tiny_target.config.vocab_size)[::-1].copy()
+    other = DrafterNet(a.config, vocab, rngs=nnx.Rngs(4), target=tiny_target)
+    with pytest.raises(ValueError, match="draft vocabulary"):
+        average_drafters([tmp_path / "a", saved("v", other)])
+    with pytest.raises(ValueError, match="another target"):
+        average_drafters([tmp_path / "a", saved("t", b, fingerprint="other")])
+    with pytest.raises(ValueError, match="at least two"):
+        average_drafters([tmp_path / "a"])
+
+
 def test_last_tokens_are_the_ancestors_the_readout_injects(tiny_target):
     """The mdc state keeps the A = path_tokens - 1 tokens before the root: the prompt's last
     ones at the start (-1 before a short prompt's start, read as a zero embedding like the
