@@ -23,6 +23,7 @@ used.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import shlex
 import sys
 import time
@@ -76,6 +77,17 @@ def record(drafter_dir: str, n_prompts: int, seed: int, max_new: int) -> dict[st
             target.model, drafter, chat(task_prompts(half, seed=seed)), **run
         ),
     }
+
+
+def weights_digest(drafter_dir: Path) -> str:
+    """A short digest of the files of a drafter's params/ checkpoint."""
+    files = sorted(p for p in (drafter_dir / "params").rglob("*") if p.is_file())
+    if not files:
+        raise SystemExit(f"{drafter_dir}: no params/ checkpoint (not a drafter directory?)")
+    h = hashlib.sha256()
+    for f in files:
+        h.update(str(f.relative_to(drafter_dir)).encode() + f.read_bytes())
+    return h.hexdigest()[:12]
 
 
 def accepted_tokens(record, keep: np.ndarray) -> int:
@@ -153,7 +165,9 @@ def main(argv=None) -> int:
     command = shlex.join(["python", "experiments/tree_selection.py", *(argv or sys.argv[1:])])
     drafter_dir = Path(args.drafter)
     drafter_dir = drafter_dir if drafter_dir.is_absolute() else REPO / drafter_dir
-    cache = CACHE / f"{drafter_dir.name}_{args.prompts}_{args.seed}_{args.max_new}"
+    # Keyed by the drafter's weights too: records of other weights would replay silently wrong.
+    key = f"{drafter_dir.name}_{weights_digest(drafter_dir)}_{args.prompts}_{args.seed}"
+    cache = CACHE / f"{key}_{args.max_new}"
     files = {part: cache / f"{part}.npz" for part in ("tune", "check")}
     if all(f.exists() for f in files.values()):
         say(f"records from {cache}")
