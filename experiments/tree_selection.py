@@ -100,14 +100,6 @@ def accepted_tokens(record, keep: np.ndarray) -> int:
     return 1 + n
 
 
-def path_sums(record, node_value: np.ndarray) -> np.ndarray:
-    """[N] the sum of node_value over each node's path from the root (nodes in level order)."""
-    out = np.zeros(len(record.parents))
-    for i in range(1, len(record.parents)):
-        out[i] = out[record.parents[i]] + node_value[i]
-    return out
-
-
 def best_first(record, node_score: np.ndarray) -> np.ndarray:
     """[N] keep-mask of NODES nodes: repeatedly the best-scoring valid child of a kept node (a
     set closed under parents whatever the score; for a score that never rises along a path it is
@@ -136,12 +128,22 @@ def choices(drafter_dir: Path) -> dict[str, Callable]:
         )
     pv_dir = drafter_dir / "pre_verifier"
     if pv_dir.exists():
+        import jax.numpy as jnp
+
         from specjax.models.pre_verifier import load_pre_verifier
         from specjax.pre_verifier_replay import predict
+        from specjax.pre_verify import path_logp
 
         pv = load_pre_verifier(pv_dir)
+
+        def predicted_path_logp(r):
+            node_logp = np.log(np.clip(predict(pv, r.node_stats), 1e-6, 1.0))
+            return np.asarray(
+                path_logp(jnp.asarray(node_logp)[None], jnp.asarray(r.parents)[None], DEPTH)
+            )[0]
+
         out["pre-verifier's predicted path acceptance"] = lambda r: best_first(
-            r, path_sums(r, np.log(np.clip(predict(pv, r.node_stats), 1e-6, 1.0)))
+            r, predicted_path_logp(r)
         )
     out["the accepted path (bound)"] = lambda r: (
         np.isin(np.arange(len(r.parents)), r.path) | (np.arange(len(r.parents)) == 0)
