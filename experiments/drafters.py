@@ -5,6 +5,8 @@ drafters.json and drafters_tau_budget.png (tau vs tree budget).
 
     python experiments/drafters.py              # the full run (CPU, see the header for the time)
     python experiments/drafters.py --quick      # 2 prompts x 16 tokens, 1 repetition
+    python experiments/drafters.py --only smollm2 --smollm2-mdc runs/X/smollm2-mdc --out F.md
+                                                # a candidate mdc against the shipped eagle
 
 Needs the shipped drafters in checkpoints/ (python experiments/train_drafters.py makes them).
 """
@@ -73,8 +75,11 @@ def drafter_name(method_label: str) -> str:
     return method_label.split()[0].removesuffix(NO_PV)
 
 
-SUITES = (
-    (
+def smollm2_suite(mdc: str = SMOLLM2_MDC, eagle: str = SMOLLM2_EAGLE):
+    """SmolLM2's suite and its plan (temperature -> datasets), with the two feature drafters
+    given (the shipped ones by default; a trained candidate's folder to compare it before it
+    ships)."""
+    return (
         Suite(
             name="SmolLM2-135M-Instruct",
             model=SMOLLM2,
@@ -83,28 +88,29 @@ SUITES = (
             methods=(
                 Method(kind=AR),
                 Method(kind=SPEC, drafter="self:8", tree=TreeConfig(branching=(3, 1))),
-                *feature_methods(SMOLLM2_MDC, SMOLLM2_EAGLE),
+                *feature_methods(mdc, eagle),
             ),
         ),
         # temperature 1 on MT-bench only (the time budget of one CPU run)
         {0.0: ("mt_bench", "qa"), 1.0: ("mt_bench",)},
-    ),
-    (
-        Suite(
-            name="stories260K",
-            model=STORIES260K,
-            kind="story",
-            stop_at_eos=False,
-            datasets=(Dataset.named("tinystories", 16, 128),),
-            methods=(
-                Method(kind=AR),
-                Method(kind=SPEC, drafter=LLAMA2XS, tree=TreeConfig.chain(4)),
-                Method(kind=SPEC, drafter=LLAMA2XS, tree=TreeConfig(branching=(4, 1, 1, 1))),
-                *feature_methods(STORIES260K_MDC, STORIES260K_EAGLE),
-            ),
+    )
+
+
+STORIES_SUITE = (
+    Suite(
+        name="stories260K",
+        model=STORIES260K,
+        kind="story",
+        stop_at_eos=False,
+        datasets=(Dataset.named("tinystories", 16, 128),),
+        methods=(
+            Method(kind=AR),
+            Method(kind=SPEC, drafter=LLAMA2XS, tree=TreeConfig.chain(4)),
+            Method(kind=SPEC, drafter=LLAMA2XS, tree=TreeConfig(branching=(4, 1, 1, 1))),
+            *feature_methods(STORIES260K_MDC, STORIES260K_EAGLE),
         ),
-        {0.0: ("tinystories",), 1.0: ("tinystories",)},
     ),
+    {0.0: ("tinystories",), 1.0: ("tinystories",)},
 )
 
 
@@ -229,7 +235,26 @@ def main(argv=None) -> int:
         action="store_true",
         help="only re-measure the draft-reuse table and replace it in an existing --out file",
     )
+    parser.add_argument(
+        "--smollm2-mdc",
+        default=SMOLLM2_MDC,
+        help="SmolLM2's hidden-state drafter (default: the shipped one; a candidate's folder "
+        "compares it before it ships)",
+    )
+    parser.add_argument(
+        "--smollm2-eagle", default=SMOLLM2_EAGLE, help="SmolLM2's EAGLE-style drafter"
+    )
+    parser.add_argument(
+        "--only",
+        choices=("smollm2", "stories260K"),
+        help="run one target's suite (default: both)",
+    )
     args = parser.parse_args(argv)
+    plans = {
+        "smollm2": smollm2_suite(args.smollm2_mdc, args.smollm2_eagle),
+        "stories260K": STORIES_SUITE,
+    }
+    chosen = [plan for name, plan in plans.items() if args.only in (None, name)]
     out = Path(args.out)
     if args.quick:
         out = out.with_name(f"{out.stem}_quick{out.suffix}")
@@ -237,7 +262,7 @@ def main(argv=None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     rows, described, reuse = [], [], []
-    for suite, plan in SUITES:
+    for suite, plan in chosen:
         if args.quick:
             suite = dataclasses.replace(
                 suite,
@@ -279,7 +304,7 @@ def main(argv=None) -> int:
         out.write_text(kept + "\n".join(reuse_table(reuse)[1:]) + "\n")
         print(out.read_text())
         return 0
-    suites = [s for s, _ in SUITES]
+    suites = [s for s, _ in chosen]
     settings = header_settings(
         suites,
         temperatures=(0.0, 1.0),
