@@ -1,0 +1,82 @@
+"""The SmolLM2 eagle card's training chain (checkpoints/smollm2-eagle/CARD.md) as resumable
+stages: training from scratch, three 500-step continuations on the first 9, 24 and 40 shards of
+self-written answers, then greedy taus on MT-bench and on EAGLE's qa, sum and gsm8k paired with
+the shipped eagle's committed taus. experiments/mdc_head_to_head.py and
+experiments/eagle_longer.py are this chain with other drafter settings.
+
+A stage is skipped once its output exists; a training stage that was stopped resumes from its
+`<out>/<drafter>.resume` save (train_drafters saves every 10 minutes), so rerunning the same
+command after an interruption carries on where it stopped.
+"""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+# The eagle's continuations (its CARD.md, steps 2-4): seed, self-written shards, output suffix.
+CONTINUATIONS = ((1, 9, "self500"), (2, 24, "self1000"), (3, 40, "self1500"))
+# The shipped eagle's greedy taus (decoded by drafter_tau.py; deterministic on one machine, so
+# rerun these two files first on another kind of CPU) and its name in them.
+EAGLE_TAUS = "experiments/results/drafter_tau_eagle_clean_1500b"
+EAGLE_NAME = "eagle_clean_self1500b/smollm2-eagle"
+
+
+def card_stages(
+    drafter: str,
+    runs: str,
+    train_args: list[str],
+    *,
+    scratch_args: list[str] = (),
+    continuation_args: list[str] = (),
+    tau_prefix: str,
+) -> list[tuple[str, list[str], Path]]:
+    """(name, command arguments after `python`, the file whose existence means done) for each
+    stage, in order.
+
+    drafter: the train_drafters recipe ("smollm2-mdc"); runs: the output folders' prefix
+    (stage folders are `<runs>_scratch`, `<runs>_self500`, ...); train_args: arguments every
+    training stage gets; scratch_args / continuation_args: arguments for the first stage only /
+    for the continuations only; tau_prefix: the tau results' path without its suffix (writes
+    `<tau_prefix>.md` for MT-bench, `<tau_prefix>_tasks.md` for the three sets).
+    """
+    train = ["experiments/train_drafters.py", "--only", drafter, *train_args]
+    out = [("scratch", [*train, *scratch_args, "--out", f"{runs}_scratch"],
+            REPO / f"{runs}_scratch" / drafter / "drafter.json")]  # fmt: skip
+    previous = f"{runs}_scratch"
+    for seed, shards, suffix in CONTINUATIONS:
+        sets = f'("smollm2-self", {shards}), ("smollm2-broad", 4), ("smollm2-tasks", 4)'
+        folder = f"{runs}_{suffix}"
+        out.append((suffix, [*train, "--steps", "500", "--train", "lr=5e-4",
+                             "--train", f"seed={seed}", *continuation_args,
+                             "--init-from", f"{previous}/{drafter}",
+                             "--recipe", "max_shards=8", "--recipe", f"extra_sets=({sets})",
+                             "--out", folder],
+                    REPO / folder / drafter / "drafter.json"))  # fmt: skip
+        previous = folder
+    for sets, suffix in ((["mt_bench"], ""), (["qa", "sum", "gsm8k"], "_tasks")):
+        result = f"{tau_prefix}{suffix}"
+        out.append((f"tau{suffix or '_mt_bench'}",
+                    ["experiments/drafter_tau.py", "--drafter", f"{previous}/{drafter}",
+                     "--baseline", f"{EAGLE_TAUS}{suffix}.json", "--baseline-name", EAGLE_NAME,
+                     "--sets", *sets, "--temperatures", "0", "--out", f"{result}.md"],
+                    REPO / f"{result}.json"))  # fmt: skip
+    return out
+
+
+def run_stages(stages, *, tag: str, dry_run: bool = False) -> int:
+    """Run each stage whose output is missing, in order (a failing stage stops the chain);
+    with dry_run, print the commands and what is done."""
+    for name, command, done in stages:
+        shown = shlex.join(["python", *command])
+        if done.exists():
+            print(f"[{tag}] {name}: done ({done.relative_to(REPO)})", flush=True)
+            continue
+        print(f"[{tag}] {name}: {shown}", flush=True)
+        if dry_run:
+            continue
+        subprocess.run([sys.executable, *command], cwd=REPO, check=True)
+    return 0
