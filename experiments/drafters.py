@@ -332,6 +332,11 @@ def main(argv=None) -> int:
         "`:nopv`: the drafter without its trained pre-verifier, so every row drafts and verifies "
         "its whole budget (experiments/pacer.py measures the pre-verifiers).",
     ]
+    for given, shipped in ((args.smollm2_mdc, SMOLLM2_MDC), (args.smollm2_eagle, SMOLLM2_EAGLE)):
+        if given != shipped and args.only != "stories260K":
+            notes.append(
+                f"Not the shipped drafter: the SmolLM2 rows named {Path(shipped).name} ran {given}."
+            )
     write_markdown(
         rows,
         header,

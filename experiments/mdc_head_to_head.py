@@ -15,10 +15,11 @@ CPU). The chain itself is experiments/card_chain.py.
     python experiments/mdc_head_to_head.py --dry-run  # print the commands and what is done
 
 A stage is skipped once its output exists; a training stage that was stopped resumes from its
-`<out>/smollm2-mdc.resume` save (train_drafters saves every 10 minutes). On 2 CPU cores the
-first stage is ~6.4 h of steps after ~1 h of teacher-forced features (experiments/cache/), the
-continuations ~25 min each, the taus ~40 min: more than one 3-hour session, so it needs runs/
-and experiments/cache/ to survive between sessions, or an accelerator.
+`<out>/smollm2-mdc.resume` save (train_drafters saves every 10 minutes). On 2 CPU cores the first
+stage is ~6.4 h of steps after ~1 h of teacher-forced features (experiments/cache/), the
+continuations ~25 min each, the taus ~40 min, drafters.py's SmolLM2 suite (tau, reuse, chain calls
+and wall clock of both drafters; needs the CPU to itself) ~15 min: more than one 3-hour session, so
+it needs runs/ and experiments/cache/ to survive between sessions, or an accelerator.
 """
 
 from __future__ import annotations
@@ -26,22 +27,31 @@ from __future__ import annotations
 import argparse
 import sys
 
-from card_chain import card_stages, run_stages
+from card_chain import REPO, card_stages, run_stages
 
 RUNS = "runs/mdc6p4c"
 MDC = ["--train", "levels=6", "--recipe", "path_tokens=4",
        "--recipe", "drop_evaluation_like=True", "--no-calibrate"]  # fmt: skip
 
 
+DRAFTERS = "experiments/results/drafters_mdc6p4_clean"
+
+
 def stages():
-    """(name, command arguments after `python`, the file whose existence means done)."""
-    return card_stages(
+    """(name, command arguments after `python`, the file whose existence means done): the card's
+    chain, then the two drafters' reuse, chain calls and wall clock side by side (drafters.py's
+    SmolLM2 suite with the candidate mdc)."""
+    chain = card_stages(
         "smollm2-mdc",
         RUNS,
         MDC,
         continuation_args=["--train", 'products="bfloat16"'],
         tau_prefix="experiments/results/drafter_tau_mdc6p4_clean",
     )
+    candidate = chain[-1][1][chain[-1][1].index("--drafter") + 1]
+    speed = ["experiments/drafters.py", "--only", "smollm2", "--smollm2-mdc", candidate,
+             "--out", f"{DRAFTERS}.md"]  # fmt: skip
+    return [*chain, ("drafters", speed, REPO / f"{DRAFTERS}.json")]
 
 
 def main(argv=None) -> int:
