@@ -14,6 +14,7 @@ from __future__ import annotations
 import shlex
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -28,10 +29,10 @@ EAGLE_NAME = "eagle_clean_self1500b/smollm2-eagle"
 def card_stages(
     drafter: str,
     runs: str,
-    train_args: list[str],
+    train_args: Sequence[str],
     *,
-    scratch_args: list[str] = (),
-    continuation_args: list[str] = (),
+    scratch_args: Sequence[str] = (),
+    continuation_args: Sequence[str] = (),
     tau_prefix: str,
 ) -> list[tuple[str, list[str], Path]]:
     """(name, command arguments after `python`, the file whose existence means done) for each
