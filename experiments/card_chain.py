@@ -26,6 +26,11 @@ EAGLE_TAUS = "experiments/results/drafter_tau_eagle_clean_1500b"
 EAGLE_NAME = "eagle_clean_self1500b/smollm2-eagle"
 
 
+def chain_result(drafter: str, runs: str) -> str:
+    """The drafter folder the chain's last continuation writes (what the taus measure)."""
+    return f"{runs}_{CONTINUATIONS[-1][2]}/{drafter}"
+
+
 def card_stages(
     drafter: str,
     runs: str,
@@ -61,7 +66,7 @@ def card_stages(
     for sets, suffix in ((["mt_bench"], ""), (["qa", "sum", "gsm8k"], "_tasks")):
         result = f"{tau_prefix}{suffix}"
         out.append((f"tau{suffix or '_mt_bench'}",
-                    ["experiments/drafter_tau.py", "--drafter", f"{previous}/{drafter}",
+                    ["experiments/drafter_tau.py", "--drafter", chain_result(drafter, runs),
                      "--baseline", f"{EAGLE_TAUS}{suffix}.json", "--baseline-name", EAGLE_NAME,
                      "--sets", *sets, "--temperatures", "0", "--out", f"{result}.md"],
                     REPO / f"{result}.json"))  # fmt: skip

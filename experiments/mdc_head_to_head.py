@@ -27,7 +27,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from card_chain import REPO, card_stages, run_stages
+from card_chain import REPO, card_stages, chain_result, run_stages
 
 RUNS = "runs/mdc6p4c"
 MDC = ["--train", "levels=6", "--recipe", "path_tokens=4",
@@ -48,8 +48,8 @@ def stages():
         continuation_args=["--train", 'products="bfloat16"'],
         tau_prefix="experiments/results/drafter_tau_mdc6p4_clean",
     )
-    candidate = chain[-1][1][chain[-1][1].index("--drafter") + 1]
-    speed = ["experiments/drafters.py", "--only", "smollm2", "--smollm2-mdc", candidate,
+    speed = ["experiments/drafters.py", "--only", "smollm2",
+             "--smollm2-mdc", chain_result("smollm2-mdc", RUNS),
              "--out", f"{DRAFTERS}.md"]  # fmt: skip
     return [*chain, ("drafters", speed, REPO / f"{DRAFTERS}.json")]
 
