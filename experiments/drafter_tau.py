@@ -27,6 +27,7 @@ Cost on 2 CPU cores: ~20-27 min per drafter and temperature for 80 prompts; run 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 import time
@@ -85,6 +86,59 @@ def depth_plot_path(out: Path) -> Path:
     return out.with_name(out.stem + "_depth.png")
 
 
+def prompt_digest(prompts) -> str:
+    """A short sha256 of a prompt set's token ids: a paired baseline must have decoded the
+    same prompts (the question file, its order and the chat template all change them)."""
+    ids = json.dumps([[int(t) for t in p] for p in prompts])
+    return hashlib.sha256(ids.encode()).hexdigest()[:16]
+
+
+def check_baseline(baseline: dict, path, settings: dict, names, sets, temperatures, machine):
+    """Refuse, before anything is decoded, a --baseline json this run cannot be paired with:
+    other settings, no taus for a set / temperature / name asked for, or decoded on another
+    machine (greedy taus reproduce on one machine only: another CPU's floats can flip a near
+    tie and every token after it). Files written before a field was kept get a note instead."""
+    kept = baseline.get("settings")
+    if kept is None:
+        print(f"note: {path} records no settings (written before they were kept): "
+              "pairing assumes this run's", file=sys.stderr)  # fmt: skip
+    elif kept != settings:
+        raise SystemExit(
+            f"--baseline {path} was run with {kept}, this run uses {settings}: "
+            "pair runs of the same settings"
+        )
+    missing = [f"{s}|{t:g}|{n}" for s in sets for t in temperatures for n in names
+               if f"{s}|{t:g}|{n}" not in baseline]  # fmt: skip
+    if missing:
+        held = sorted({k.split("|")[2] for k in baseline if k.count("|") == 2})
+        raise SystemExit(
+            f"--baseline {path} has no taus for {', '.join(missing)} (set|T|name); its "
+            f"drafters: {', '.join(held) or 'none'}"
+        )
+    recorded = baseline.get("machine")
+    if recorded is None:
+        print(f"note: {path} does not record its machine (written before it was kept): "
+              "pairing assumes it was this one", file=sys.stderr)  # fmt: skip
+    elif recorded != machine:
+        raise SystemExit(
+            f"--baseline {path} was decoded on {recorded}; this is {machine}. Greedy taus "
+            "reproduce on one machine only: decode the baseline's drafter here instead (give "
+            "it as a second --drafter)"
+        )
+
+
+def check_prompts(baseline: dict, path, digests: dict) -> None:
+    """Refuse a --baseline json whose prompts (prompt_digest per set) differ from this run's."""
+    for set_name, digest in digests.items():
+        kept = baseline.get(f"prompts|{set_name}")
+        if kept is not None and kept != digest:
+            raise SystemExit(
+                f"--baseline {path} decoded other {set_name} prompts than this run (prompt "
+                "digest differs: the question file, its order or the chat template changed); "
+                "decode its drafter here instead"
+            )
+
+
 def resemblance_lines(per_prompt_json: dict) -> list[str]:
     """Markdown: per set, temperature and drafter of a drafter_tau .json, tau on the first
     turns that a training template was written after (specjax.train.evaluation_like.RESEMBLED)
@@ -135,7 +189,7 @@ def resemblance_lines(per_prompt_json: dict) -> list[str]:
 
 def main(argv=None) -> int:
     import specjax
-    from specjax.benchmark import device_header, mean_ci
+    from specjax.benchmark import machine_line, mean_ci
     from specjax.datasets import (
         SPEC_BENCH_FILES,
         encode_question,
@@ -212,16 +266,12 @@ def main(argv=None) -> int:
                 "pre_verifier": False}  # fmt: skip
     baseline = json.loads(Path(args.baseline).read_text()) if args.baseline else None
     baseline_names = (args.baseline_name or ["smollm2-eagle"]) if baseline is not None else []
+    if args.baseline_name and baseline is None:
+        raise SystemExit("error: --baseline-name names a drafter of a --baseline json: give one")
+    machine = machine_line()
     if baseline is not None:
-        kept = baseline.get("settings")
-        if kept is None:
-            print(f"note: {args.baseline} records no settings (written before they were kept): "
-                  "pairing assumes this run's", file=sys.stderr)  # fmt: skip
-        elif kept != settings:
-            raise SystemExit(
-                f"--baseline {args.baseline} was run with {kept}, this run uses {settings}: "
-                "pair runs of the same settings"
-            )
+        check_baseline(baseline, args.baseline, settings, baseline_names, args.sets,
+                       args.temperatures, machine)  # fmt: skip
 
     t_start = time.perf_counter()
     loaded = specjax.load(shared_path(SMOLLM2))
@@ -239,10 +289,15 @@ def main(argv=None) -> int:
         if name in drafters:
             raise SystemExit(f"error: two drafters named {name}: give each once")
         drafters[name] = load_drafter(path, loaded.model, **{**switches, "pre_verifier": False})
-    rows, per_prompt = [], {}
+    prompt_sets = {}
     for set_name in args.sets:
         questions = select_questions(read_spec_bench(SPEC_BENCH_FILES[set_name]), args.n)
-        prompts = [encode_question(loaded.tokenizer, q.turns[0]) for q in questions]
+        prompt_sets[set_name] = [encode_question(loaded.tokenizer, q.turns[0]) for q in questions]
+    digests = {s: prompt_digest(p) for s, p in prompt_sets.items()}
+    if baseline is not None:
+        check_prompts(baseline, args.baseline, digests)
+    rows, per_prompt = [], {}
+    for set_name, prompts in prompt_sets.items():
         for temperature in args.temperatures:
             for name, drafter in drafters.items():
                 stats = measure_tau(
@@ -277,7 +332,7 @@ def main(argv=None) -> int:
         "# Drafter tau on whole held-out prompt sets",
         "",
         f"- command: `python experiments/drafter_tau.py {' '.join(argv or sys.argv[1:])}`",
-        device_header(),
+        f"- {machine}",
         f"- target: SmolLM2-135M-Instruct (GGUF Q4_1, dequantized, float32); "
         f"{args.max_new_tokens} new tokens per prompt (EOS ends a row earlier); batches of "
         f"{settings['batch']} rows; tree of {CARD_TREE.budget} draft nodes, depth "
@@ -368,6 +423,8 @@ def main(argv=None) -> int:
     # Per-prompt taus beside the table, so a later run can pair another drafter against them.
     per_prompt_json = {
         "settings": settings,
+        "machine": machine,
+        **{f"prompts|{s}": d for s, d in digests.items()},
         **{f"{s}|{t:g}|{n}": [float(x) for x in taus] for (s, t, n), taus in per_prompt.items()},
     }
     for set_name, temperature, name, _, _, stats in with_depths:

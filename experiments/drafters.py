@@ -43,6 +43,7 @@ from specjax.paths import (
     STORIES260K,
     STORIES260K_EAGLE,
     STORIES260K_MDC,
+    repo_dir,
 )
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -225,6 +226,26 @@ def plot_tau_vs_budget(rows, path: Path) -> Path | None:
     return path
 
 
+def check_candidates(given: dict[str, str]) -> dict[str, str]:
+    """{shipped drafter folder: the folder given in its place} for each given one that is not
+    the shipped drafter, refused before anything is compiled where it is no trained drafter
+    or its folder has another name than the shipped one (rows, the plot and the reuse table
+    find a drafter by its folder's name)."""
+    candidates = {}
+    for shipped, path in given.items():
+        if Path(path).resolve() == (repo_dir() / shipped).resolve():
+            continue
+        if not (Path(path) / "drafter.json").is_file():
+            raise SystemExit(f"error: {path} holds no trained drafter (no drafter.json)")
+        if Path(path).name != Path(shipped).name:
+            raise SystemExit(
+                f"error: {path} must be a folder named {Path(shipped).name}, as train_drafters "
+                "writes it (rows are named by the folder)"
+            )
+        candidates[shipped] = path
+    return candidates
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
@@ -250,6 +271,11 @@ def main(argv=None) -> int:
         help="run one target's suite (default: both)",
     )
     args = parser.parse_args(argv)
+    candidates = check_candidates(
+        {SMOLLM2_MDC: args.smollm2_mdc, SMOLLM2_EAGLE: args.smollm2_eagle}
+        if args.only != "stories260K"
+        else {}
+    )
     plans = {
         "smollm2": smollm2_suite(args.smollm2_mdc, args.smollm2_eagle),
         "stories260K": STORIES_SUITE,
@@ -315,13 +341,18 @@ def main(argv=None) -> int:
     settings["prompts"] = "; ".join(described)
     settings["wall time"] = f"{(time.perf_counter() - t0) / 60:.1f} min for the whole run"
     header = device_header(**settings)
+    smollm2_pair = (
+        "the two SmolLM2 kinds share their steps, and their data but for the answers the eagle "
+        "leaves out (those to turns resembling an evaluation turn)"
+        if not candidates
+        else "the SmolLM2 candidate's are in its own CARD.md"
+    )
     notes = [
         "Feature drafters (mdc, eagle) draft dynamic trees: `tree N/dD/topK` is N draft nodes "
         "at most D deep, expanding the top-K children of the best K frontier nodes per level "
         "(EAGLE-2 style, static shapes). Each drafter's data and training steps are in its "
-        "checkpoints/*/CARD.md: the two stories260K kinds share theirs; the two SmolLM2 kinds "
-        "share their steps, and their data but for the answers the eagle leaves out (those to "
-        "turns resembling an evaluation turn). Their head-to-head on all 80 MT-bench first "
+        f"checkpoints/*/CARD.md: the two stories260K kinds share theirs; {smollm2_pair}. The "
+        "shipped drafters' head-to-head on all 80 MT-bench first "
         "turns, with the acceptance at each tree depth (the mdc trails from depth 4), is "
         "experiments/results/drafter_tau.md; the mdc's deep levels tested (6 unrolled "
         "levels, 4 path tokens) in drafter_tau_mdc_levels6.md and drafter_tau_mdc_path4.md; "
@@ -332,11 +363,10 @@ def main(argv=None) -> int:
         "`:nopv`: the drafter without its trained pre-verifier, so every row drafts and verifies "
         "its whole budget (experiments/pacer.py measures the pre-verifiers).",
     ]
-    for given, shipped in ((args.smollm2_mdc, SMOLLM2_MDC), (args.smollm2_eagle, SMOLLM2_EAGLE)):
-        if given != shipped and args.only != "stories260K":
-            notes.append(
-                f"Not the shipped drafter: the SmolLM2 rows named {Path(shipped).name} ran {given}."
-            )
+    for shipped, given in candidates.items():
+        notes.append(
+            f"Not the shipped drafter: the SmolLM2 rows named {Path(shipped).name} ran {given}."
+        )
     write_markdown(
         rows,
         header,
@@ -347,7 +377,12 @@ def main(argv=None) -> int:
     with open(out, "a") as f:
         f.write("\n".join(reuse_table(reuse)) + "\n")
     plot = plot_tau_vs_budget(rows, out.with_name(f"{out.stem}_tau_budget.png"))
-    write_json(rows, {"header": header, "reuse": reuse}, out.with_suffix(".json"))
+    drafters = {Path(shipped).name: candidates.get(shipped, shipped)
+                for shipped in (SMOLLM2_MDC, SMOLLM2_EAGLE)}  # fmt: skip
+    if args.only == "stories260K":
+        drafters = {}
+    extra = {"header": header, "reuse": reuse, "smollm2_drafters": drafters}
+    write_json(rows, extra, out.with_suffix(".json"))
     print(out.read_text())
     print(f"[drafters] wrote {out}" + (f", {plot}" if plot else ""))
     return 0

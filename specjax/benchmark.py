@@ -127,14 +127,20 @@ def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str:
     return f"{name} ({isa})" if isa else name
 
 
+def machine_line() -> str:
+    """This machine as results files name it: backend, device, CPU model, cores and jax version
+    (what greedy decoding's exact floats, and so its tokens, depend on)."""
+    dev = jax.devices()[0]
+    return (
+        f"backend: {jax.default_backend()}, device: {dev.device_kind}, "
+        f"host: {platform.machine()} ({cpu_model()}, {os.cpu_count()} cores), "
+        f"jax {jax.__version__}"
+    )
+
+
 def device_header(**settings) -> str:
     """A markdown header naming the machine (CPU model included) and the settings of a results
     file."""
-    dev = jax.devices()[0]
-    lines = [
-        f"- backend: {jax.default_backend()}, device: {dev.device_kind}, "
-        f"host: {platform.machine()} ({cpu_model()}, {os.cpu_count()} cores), "
-        f"jax {jax.__version__}",
-    ]
+    lines = [f"- {machine_line()}"]
     lines += [f"- {k.replace('_', ' ')}: {v}" for k, v in settings.items()]
     return "\n".join(lines)
