@@ -217,7 +217,8 @@ def main(argv=None) -> int:
         default=None,
         help="a drafter_tau .json of an earlier run: its --baseline-name taus on the same sets, "
         "temperatures and n are paired with this run's drafter instead of decoding again "
-        "(greedy taus are deterministic; the prompts must be the same)",
+        "(greedy taus reproduce on one machine: a file from another machine, with other "
+        "prompts or settings is refused before decoding)",
     )
     parser.add_argument(
         "--baseline-name",
