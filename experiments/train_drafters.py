@@ -209,7 +209,7 @@ def _shell_word(word: str) -> str:
 def _command(name: str, args) -> str:
     """The command line that reproduces drafter `name` with these arguments (for its card)."""
     words = ["python experiments/train_drafters.py --only", name]
-    if args.steps:
+    if args.steps is not None:
         words.append(f"--steps {args.steps}")
     words += [f"--extra {_shell_word(e)}" for e in args.extra]
     words += [f"--train {_shell_word(t)}" for t in args.train]
@@ -263,13 +263,22 @@ def main(argv=None) -> int:
         help="no training: measure the saved drafters' tau again and rewrite their cards",
     )
     args = parser.parse_args(argv)
+    if args.steps is not None and args.steps < 1:
+        parser.error(f"--steps {args.steps}: train at least 1 step")
+    if args.init_from is not None:
+        if not (Path(args.init_from) / "drafter.json").is_file():
+            parser.error(
+                f"--init-from {args.init_from}: no trained drafter there (no drafter.json)"
+            )
+        if len(args.only or RECIPES) != 1:
+            parser.error("--init-from continues one drafter: name it with one --only")
     for name in args.only or sorted(RECIPES):
         target, recipe = RECIPES[name]
         if args.remeasure:
             tau = remeasure_card(shared_path(target), recipe, Path(args.out) / name)
             print(f"[train-drafter] {name}: tau {tau:.2f}; card rewritten")
             continue
-        if args.steps:
+        if args.steps is not None:
             recipe = dataclasses.replace(
                 recipe, train=dataclasses.replace(recipe.train, steps=args.steps)
             )

@@ -253,3 +253,28 @@ def test_train_drafters_refuses_evaluation_and_repeated_answer_sets(capsys, monk
         with pytest.raises(SystemExit) as stopped:
             script.main([*only, *argv])
         assert stopped.value.code == 2 and named in capsys.readouterr().err
+
+
+def test_train_drafters_refuses_bad_steps_and_continuations(capsys, monkeypatch, tmp_path):
+    """experiments/train_drafters.py refuses, before distilling anything, a step count below 1,
+    a continuation of a folder holding no drafter and one --init-from for several drafters."""
+    import importlib.util
+
+    from specjax.paths import SMOLLM2_MDC, repo_dir
+
+    path = repo_dir() / "experiments" / "train_drafters.py"
+    monkeypatch.syspath_prepend(str(path.parent))
+    spec = importlib.util.spec_from_file_location("train_drafters_script", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    shipped = str(repo_dir() / SMOLLM2_MDC)
+    for argv, named in (
+        (["--only", "smollm2-mdc", "--steps", "0"], "train at least 1 step"),
+        (["--only", "smollm2-mdc", "--init-from", str(tmp_path)], "no trained drafter there"),
+        (["--init-from", shipped], "continues one drafter"),
+        (["--only", "smollm2-mdc", "--only", "smollm2-eagle", "--init-from", shipped],
+         "continues one drafter"),
+    ):  # fmt: skip
+        with pytest.raises(SystemExit) as stopped:
+            script.main(argv)
+        assert stopped.value.code == 2 and named in capsys.readouterr().err
