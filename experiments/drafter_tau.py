@@ -93,18 +93,25 @@ def prompt_digest(prompts) -> str:
     return hashlib.sha256(ids.encode()).hexdigest()[:16]
 
 
+def _agrees(baseline: dict, key: str, here, path) -> bool:
+    """Whether a --baseline json's `key` equals this run's value (here); a file written before
+    the key was kept gets a note and is taken to agree."""
+    kept = baseline.get(key)
+    if kept is None:
+        print(f"note: {path} records no {key} (written before it was kept): pairing assumes "
+              "this run's", file=sys.stderr)  # fmt: skip
+        return True
+    return kept == here
+
+
 def check_baseline(baseline: dict, path, settings: dict, names, sets, temperatures, machine):
     """Refuse, before anything is decoded, a --baseline json this run cannot be paired with:
     other settings, no taus for a set / temperature / name asked for, or decoded on another
     machine (greedy taus reproduce on one machine only: another CPU's floats can flip a near
-    tie and every token after it). Files written before a field was kept get a note instead."""
-    kept = baseline.get("settings")
-    if kept is None:
-        print(f"note: {path} records no settings (written before they were kept): "
-              "pairing assumes this run's", file=sys.stderr)  # fmt: skip
-    elif kept != settings:
+    tie and every token after it)."""
+    if not _agrees(baseline, "settings", settings, path):
         raise SystemExit(
-            f"--baseline {path} was run with {kept}, this run uses {settings}: "
+            f"--baseline {path} was run with {baseline['settings']}, this run uses {settings}: "
             "pair runs of the same settings"
         )
     missing = [f"{s}|{t:g}|{n}" for s in sets for t in temperatures for n in names
@@ -115,23 +122,18 @@ def check_baseline(baseline: dict, path, settings: dict, names, sets, temperatur
             f"--baseline {path} has no taus for {', '.join(missing)} (set|T|name); its "
             f"drafters: {', '.join(held) or 'none'}"
         )
-    recorded = baseline.get("machine")
-    if recorded is None:
-        print(f"note: {path} does not record its machine (written before it was kept): "
-              "pairing assumes it was this one", file=sys.stderr)  # fmt: skip
-    elif recorded != machine:
+    if not _agrees(baseline, "machine", machine, path):
         raise SystemExit(
-            f"--baseline {path} was decoded on {recorded}; this is {machine}. Greedy taus "
-            "reproduce on one machine only: decode the baseline's drafter here instead (give "
-            "it as a second --drafter)"
+            f"--baseline {path} was decoded on {baseline['machine']}; this is {machine}. Greedy "
+            "taus reproduce on one machine only: decode the baseline's drafter here instead "
+            "(give it as a second --drafter)"
         )
 
 
 def check_prompts(baseline: dict, path, digests: dict) -> None:
     """Refuse a --baseline json whose prompts (prompt_digest per set) differ from this run's."""
     for set_name, digest in digests.items():
-        kept = baseline.get(f"prompts|{set_name}")
-        if kept is not None and kept != digest:
+        if not _agrees(baseline, f"prompts|{set_name}", digest, path):
             raise SystemExit(
                 f"--baseline {path} decoded other {set_name} prompts than this run (prompt "
                 "digest differs: the question file, its order or the chat template changed); "
