@@ -377,10 +377,8 @@ def main(argv=None) -> int:
     with open(out, "a") as f:
         f.write("\n".join(reuse_table(reuse)) + "\n")
     plot = plot_tau_vs_budget(rows, out.with_name(f"{out.stem}_tau_budget.png"))
-    drafters = {Path(shipped).name: candidates.get(shipped, shipped)
-                for shipped in (SMOLLM2_MDC, SMOLLM2_EAGLE)}  # fmt: skip
-    if args.only == "stories260K":
-        drafters = {}
+    smollm2 = () if args.only == "stories260K" else (SMOLLM2_MDC, SMOLLM2_EAGLE)
+    drafters = {Path(shipped).name: candidates.get(shipped, shipped) for shipped in smollm2}
     extra = {"header": header, "reuse": reuse, "smollm2_drafters": drafters}
     write_json(rows, extra, out.with_suffix(".json"))
     print(out.read_text())
