@@ -1,12 +1,14 @@
 """The experiment scripts' bookkeeping around long runs: the resumable chains
 (experiments/card_chain.py) run again a stage whose input was redone; drafter_tau.py refuses a
 baseline from another machine or with other prompts before anything is decoded; drafters.py
-refuses a candidate drafter its rows could not name. No model is loaded."""
+refuses a candidate drafter its rows could not name; pair_tau.py pairs two runs' common prompts.
+No model is loaded."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import time
 
 import pytest
@@ -135,3 +137,27 @@ def test_baseline_name_without_baseline_is_refused(experiments):
     _, drafter_tau = experiments
     with pytest.raises(SystemExit, match="--baseline-name names a drafter"):
         drafter_tau.main(["--baseline-name", "smollm2-eagle", "--sets", "mt_bench"])
+
+
+def test_pair_tau_pairs_the_common_prompts(monkeypatch, tmp_path):
+    monkeypatch.syspath_prepend(str(EXPERIMENTS))
+    import pair_tau
+
+    a = tmp_path / "a.json"
+    b = tmp_path / "b.json"
+    a.write_text(json.dumps({"qa|0|new": [3.0, 2.0, 4.0], "machine": "m1"}))
+    b.write_text(json.dumps({"qa|0|old": [2.0, 2.0], "machine": "m1"}))
+    a_taus = pair_tau.load_taus(*pair_tau.parse_source(f"{a}:new"), ["qa"], 0.0)
+    b_taus = pair_tau.load_taus(*pair_tau.parse_source(f"{b}:old"), ["qa"], 0.0)
+    # The longer run's third prompt has no partner; the first two differ by +1 and 0.
+    row = pair_tau.pair_lines("new", "old", a_taus, b_taus, skip_resembled=False)[2]
+    assert row.startswith("| qa | 2 | 2.500 | 2.000 | +0.500 ± ")
+    with pytest.raises(SystemExit, match=re.escape("holds qa|0|new")):
+        pair_tau.load_taus(a, "old", ["qa"], 0.0)
+    with pytest.raises(SystemExit, match="FILE.json:DRAFTER"):
+        pair_tau.parse_source(str(a))
+    b.write_text(json.dumps({"qa|0|old": [2.0, 2.0], "machine": "m2"}))
+    with pytest.raises(SystemExit, match="different machine"):
+        pair_tau.check_same_run_conditions(
+            json.loads(a.read_text()), json.loads(b.read_text()), a, b
+        )

@@ -1,0 +1,151 @@
+"""Pair two drafters' per-prompt taus from two drafter_tau.py runs, prompt by prompt.
+
+    python experiments/pair_tau.py \
+        --a experiments/results/drafter_tau_mdc6p4_clean.json:mdc6p4c_self1500/smollm2-mdc \
+        --b experiments/results/drafter_tau_mdc_matched.json:smollm2-mdc \
+        --sets mt_bench --out experiments/results/pair_tau_mdc_clean.md
+
+Why: drafter_tau.py pairs a new drafter with a baseline run only where the two decoded the same
+number of prompts; runs of the same settings on the same machine that decoded different numbers
+share a prefix (specjax.datasets.select_questions takes the first n of one round-robin order), so
+their common prompts pair exactly. Each file's json keeps one list of taus per "set|T|drafter" in
+that order. Nothing is decoded here; both files must come from the same machine and settings,
+which the .json records where it was written after they were kept (checked) and its .md header
+names otherwise (read it).
+
+Per set: both drafters' mean tau on the common prompts and their paired difference (95% Student-t
+interval over prompts); with --skip-resembled also on the MT-bench first turns that no training
+template was written after (specjax.train.evaluation_like.RESEMBLED); and over all sets together.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from specjax.benchmark import mean_ci  # noqa: E402
+
+
+def parse_source(text: str) -> tuple[Path, str]:
+    """FILE.json:DRAFTER -> (path, drafter name as the json's keys spell it)."""
+    path, sep, name = text.partition(".json:")
+    if not sep or not name:
+        raise SystemExit(f"expected FILE.json:DRAFTER, got {text!r}")
+    return Path(path + ".json"), name
+
+
+def load_taus(path: Path, name: str, sets, temperature: float) -> dict[str, np.ndarray]:
+    """{set: per-prompt taus} of one drafter in a drafter_tau .json; a clear error naming the
+    file's drafters where one is missing."""
+    if not path.is_file():
+        raise SystemExit(f"{path}: no such file (a drafter_tau.py run writes it beside its .md)")
+    data = json.loads(path.read_text())
+    taus = {}
+    for set_name in sets:
+        key = f"{set_name}|{temperature:g}|{name}"
+        if key not in data:
+            held = sorted({k for k in data if k.count("|") == 2 and not k.startswith("prompts")})
+            raise SystemExit(f"{path} has no taus for {key}; it holds {', '.join(held)}")
+        taus[set_name] = np.asarray(data[key], np.float64)
+    return taus
+
+
+def check_same_run_conditions(a: dict, b: dict, a_path, b_path) -> None:
+    """Refuse files that record different settings or machines (older files record neither)."""
+    for key in ("settings", "machine"):
+        if key in a and key in b and a[key] != b[key]:
+            raise SystemExit(
+                f"{a_path} and {b_path} record different {key}: {a[key]} vs {b[key]}; their "
+                "taus do not pair"
+            )
+
+
+def clean_mask(set_name: str, n: int) -> np.ndarray:
+    """True for the first n prompts of a set that no training template resembles."""
+    from specjax.datasets import SPEC_BENCH_FILES, read_spec_bench, select_questions
+    from specjax.train.evaluation_like import RESEMBLED
+
+    ids = [q.question_id for q in select_questions(read_spec_bench(SPEC_BENCH_FILES[set_name]), n)]
+    return np.array([i not in RESEMBLED.get(set_name, ()) for i in ids])
+
+
+def pair_lines(a_name, b_name, a_taus, b_taus, skip_resembled: bool) -> list[str]:
+    """Markdown table rows: per set (and per set's unresembled prompts), then all sets."""
+    rows, all_a, all_b, dropped = [], [], [], False
+
+    def row(label, x, y):
+        d, half = mean_ci(x - y)
+        rows.append(
+            f"| {label} | {len(x)} | {x.mean():.3f} | {y.mean():.3f} | {d:+.3f} ± {half:.3f} |"
+        )
+
+    for set_name in a_taus:
+        n = min(len(a_taus[set_name]), len(b_taus[set_name]))
+        x, y = a_taus[set_name][:n], b_taus[set_name][:n]
+        row(set_name, x, y)
+        if skip_resembled:
+            keep = clean_mask(set_name, n)
+            if not keep.all():
+                row(f"{set_name}, unresembled turns", x[keep], y[keep])
+                x, y, dropped = x[keep], y[keep], True
+        all_a.append(x)
+        all_b.append(y)
+    if len(a_taus) > 1:
+        row("all sets" + (", unresembled turns" if dropped else ""),
+            np.concatenate(all_a), np.concatenate(all_b))  # fmt: skip
+    return [
+        f"| prompts | n | tau, {a_name} | tau, {b_name} | paired difference (95% CI) |",
+        "|---|---|---|---|---|",
+        *rows,
+    ]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--a", required=True, help="FILE.json:DRAFTER, the candidate")
+    parser.add_argument(
+        "--b", required=True, help="FILE.json:DRAFTER, the drafter it is paired with"
+    )
+    parser.add_argument("--sets", nargs="+", default=["mt_bench"])
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument(
+        "--skip-resembled",
+        action="store_true",
+        help="also pair only the turns no training template was written after",
+    )
+    parser.add_argument("--out", type=Path, help="markdown file (default: print)")
+    args = parser.parse_args(argv)
+
+    (a_path, a_name), (b_path, b_name) = parse_source(args.a), parse_source(args.b)
+    a_taus = load_taus(a_path, a_name, args.sets, args.temperature)
+    b_taus = load_taus(b_path, b_name, args.sets, args.temperature)
+    check_same_run_conditions(
+        json.loads(a_path.read_text()), json.loads(b_path.read_text()), a_path, b_path
+    )
+    lines = [
+        "# Paired taus of two drafter_tau.py runs",
+        "",
+        f"- command: `python experiments/pair_tau.py {' '.join(argv or sys.argv[1:])}`",
+        f"- {a_name} from {a_path}; {b_name} from {b_path}; T={args.temperature:g}; the prompts "
+        "both runs decoded (a common prefix of each set's round-robin order)",
+        "",
+        *pair_lines(a_name, b_name, a_taus, b_taus, args.skip_resembled),
+        "",
+    ]
+    text = "\n".join(lines)
+    if args.out:
+        args.out.write_text(text)
+        print(f"wrote {args.out}")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
