@@ -2,8 +2,10 @@
 
     python experiments/pair_tau.py \
         --a experiments/results/drafter_tau_mdc6p4_clean.json:mdc6p4c_self1500/smollm2-mdc \
+        --a experiments/results/drafter_tau_mdc6p4_clean_tasks.json:mdc6p4c_self1500/smollm2-mdc \
         --b experiments/results/drafter_tau_mdc_matched.json:smollm2-mdc \
-        --sets mt_bench --out experiments/results/pair_tau_mdc_clean.md
+        --b experiments/results/drafter_tau_tasks.json:smollm2-mdc \
+        --sets mt_bench qa sum gsm8k --skip-resembled --out experiments/results/X.md
 
 Why: drafter_tau.py pairs a new drafter with a baseline run only where the two decoded the same
 number of prompts; runs of the same settings on the same machine that decoded different numbers
@@ -41,29 +43,39 @@ def parse_source(text: str) -> tuple[Path, str]:
     return Path(path + ".json"), name
 
 
-def load_taus(path: Path, name: str, sets, temperature: float) -> dict[str, np.ndarray]:
-    """{set: per-prompt taus} of one drafter in a drafter_tau .json; a clear error naming the
-    file's drafters where one is missing."""
-    if not path.is_file():
-        raise SystemExit(f"{path}: no such file (a drafter_tau.py run writes it beside its .md)")
-    data = json.loads(path.read_text())
+def load_taus(sources, sets, temperature: float) -> dict[str, np.ndarray]:
+    """{set: per-prompt taus} of one drafter, each set from the first (path, name) source whose
+    .json holds it (one run decodes MT-bench, another the task sets); a clear error naming the
+    files' drafters where no source holds a set."""
+    data = {}
+    for path, _ in sources:
+        if not path.is_file():
+            raise SystemExit(f"{path}: no such file (drafter_tau.py writes it beside its .md)")
+        data[path] = json.loads(path.read_text())
     taus = {}
     for set_name in sets:
-        key = f"{set_name}|{temperature:g}|{name}"
-        if key not in data:
-            held = sorted({k for k in data if k.count("|") == 2 and not k.startswith("prompts")})
-            raise SystemExit(f"{path} has no taus for {key}; it holds {', '.join(held)}")
-        taus[set_name] = np.asarray(data[key], np.float64)
+        keys = [(path, f"{set_name}|{temperature:g}|{name}") for path, name in sources]
+        found = [data[path][key] for path, key in keys if key in data[path]]
+        if not found:
+            held = sorted({k for d in data.values() for k in d if k.count("|") == 2})
+            raise SystemExit(
+                f"no taus for {' or '.join(k for _, k in keys)} in "
+                f"{', '.join(str(p) for p, _ in sources)}; they hold {', '.join(held)}"
+            )
+        taus[set_name] = np.asarray(found[0], np.float64)
     return taus
 
 
-def check_same_run_conditions(a: dict, b: dict, a_path, b_path) -> None:
-    """Refuse files that record different settings or machines (older files record neither)."""
+def check_same_run_conditions(files) -> None:
+    """Refuse runs that record different settings or machines (older files record neither):
+    greedy taus pair only between runs of one machine and one set of settings."""
+    loaded = {path: json.loads(path.read_text()) for path in files}
     for key in ("settings", "machine"):
-        if key in a and key in b and a[key] != b[key]:
+        seen = {json.dumps(d[key], sort_keys=True): p for p, d in loaded.items() if key in d}
+        if len(seen) > 1:
             raise SystemExit(
-                f"{a_path} and {b_path} record different {key}: {a[key]} vs {b[key]}; their "
-                "taus do not pair"
+                f"{' and '.join(str(p) for p in seen.values())} record different {key}: "
+                f"{' vs '.join(seen)}; their taus do not pair"
             )
 
 
@@ -109,10 +121,13 @@ def pair_lines(a_name, b_name, a_taus, b_taus, skip_resembled: bool) -> list[str
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--a", required=True, help="FILE.json:DRAFTER, the candidate")
     parser.add_argument(
-        "--b", required=True, help="FILE.json:DRAFTER, the drafter it is paired with"
-    )
+        "--a", required=True, action="append", help="FILE.json:DRAFTER, the candidate (repeat "
+        "for runs of other sets: each set is read from the first file that holds it)"
+    )  # fmt: skip
+    parser.add_argument(
+        "--b", required=True, action="append", help="FILE.json:DRAFTER, the drafter paired with"
+    )  # fmt: skip
     parser.add_argument("--sets", nargs="+", default=["mt_bench"])
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument(
@@ -123,17 +138,17 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, help="markdown file (default: print)")
     args = parser.parse_args(argv)
 
-    (a_path, a_name), (b_path, b_name) = parse_source(args.a), parse_source(args.b)
-    a_taus = load_taus(a_path, a_name, args.sets, args.temperature)
-    b_taus = load_taus(b_path, b_name, args.sets, args.temperature)
-    check_same_run_conditions(
-        json.loads(a_path.read_text()), json.loads(b_path.read_text()), a_path, b_path
-    )
+    a_sources, b_sources = [parse_source(t) for t in args.a], [parse_source(t) for t in args.b]
+    a_taus = load_taus(a_sources, args.sets, args.temperature)
+    b_taus = load_taus(b_sources, args.sets, args.temperature)
+    check_same_run_conditions({path for path, _ in a_sources + b_sources})
+    a_name, b_name = a_sources[0][1], b_sources[0][1]
     lines = [
         "# Paired taus of two drafter_tau.py runs",
         "",
         f"- command: `python experiments/pair_tau.py {' '.join(argv or sys.argv[1:])}`",
-        f"- {a_name} from {a_path}; {b_name} from {b_path}; T={args.temperature:g}; the prompts "
+        f"- {a_name} from {', '.join(str(p) for p, _ in a_sources)}; {b_name} from "
+        f"{', '.join(str(p) for p, _ in b_sources)}; T={args.temperature:g}; the prompts "
         "both runs decoded (a common prefix of each set's round-robin order)",
         "",
         *pair_lines(a_name, b_name, a_taus, b_taus, args.skip_resembled),

@@ -143,21 +143,24 @@ def test_pair_tau_pairs_the_common_prompts(monkeypatch, tmp_path):
     monkeypatch.syspath_prepend(str(EXPERIMENTS))
     import pair_tau
 
-    a = tmp_path / "a.json"
-    b = tmp_path / "b.json"
+    a, a_tasks, b = tmp_path / "a.json", tmp_path / "a_tasks.json", tmp_path / "b.json"
     a.write_text(json.dumps({"qa|0|new": [3.0, 2.0, 4.0], "machine": "m1"}))
-    b.write_text(json.dumps({"qa|0|old": [2.0, 2.0], "machine": "m1"}))
-    a_taus = pair_tau.load_taus(*pair_tau.parse_source(f"{a}:new"), ["qa"], 0.0)
-    b_taus = pair_tau.load_taus(*pair_tau.parse_source(f"{b}:old"), ["qa"], 0.0)
-    # The longer run's third prompt has no partner; the first two differ by +1 and 0.
-    row = pair_tau.pair_lines("new", "old", a_taus, b_taus, skip_resembled=False)[2]
-    assert row.startswith("| qa | 2 | 2.500 | 2.000 | +0.500 ± ")
-    with pytest.raises(SystemExit, match=re.escape("holds qa|0|new")):
-        pair_tau.load_taus(a, "old", ["qa"], 0.0)
+    a_tasks.write_text(json.dumps({"sum|0|new": [1.0, 1.0], "machine": "m1"}))
+    b.write_text(json.dumps({"qa|0|old": [2.0, 2.0], "sum|0|old": [1.5, 1.5]}))
+    sources = [pair_tau.parse_source(f"{a}:new"), pair_tau.parse_source(f"{a_tasks}:new")]
+    a_taus = pair_tau.load_taus(sources, ["qa", "sum"], 0.0)
+    b_taus = pair_tau.load_taus([pair_tau.parse_source(f"{b}:old")], ["qa", "sum"], 0.0)
+    # qa: the longer run's third prompt has no partner; the first two differ by +1 and 0.
+    # sum: -0.5 twice. All four pooled by prompt: (1 + 0 - 0.5 - 0.5) / 4 = 0.
+    rows = pair_tau.pair_lines("new", "old", a_taus, b_taus, skip_resembled=False)[2:]
+    assert rows[0].startswith("| qa | 2 | 2.500 | 2.000 | +0.500 ± ")
+    assert rows[1].startswith("| sum | 2 | 1.000 | 1.500 | -0.500 ± ")
+    assert rows[2].startswith("| all sets | 4 | 1.750 | 1.750 | +0.000 ± ")
+    with pytest.raises(SystemExit, match=re.escape("no taus for qa|0|old")):
+        pair_tau.load_taus([(a, "old")], ["qa"], 0.0)
     with pytest.raises(SystemExit, match="FILE.json:DRAFTER"):
         pair_tau.parse_source(str(a))
+    pair_tau.check_same_run_conditions([a, a_tasks, b])  # b records no machine
     b.write_text(json.dumps({"qa|0|old": [2.0, 2.0], "machine": "m2"}))
     with pytest.raises(SystemExit, match="different machine"):
-        pair_tau.check_same_run_conditions(
-            json.loads(a.read_text()), json.loads(b.read_text()), a, b
-        )
+        pair_tau.check_same_run_conditions([a, b])
