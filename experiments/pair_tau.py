@@ -11,12 +11,12 @@ Why: drafter_tau.py pairs a new drafter with a baseline run only where the two d
 number of prompts; runs of the same settings on the same machine that decoded different numbers
 share a prefix (specjax.datasets.select_questions takes the first n of one round-robin order), so
 their common prompts pair exactly. Each file's json keeps one list of taus per "set|T|drafter" in
-that order. Nothing is decoded here; both files must come from the same machine and settings,
-which the .json records where it was written after they were kept (checked) and its .md header
-names otherwise (read it).
+that order. Nothing is decoded here; all files must come from one machine and one set of
+settings, which a .json records where it was written after they were kept (checked) and its .md
+header names otherwise (read it).
 
 Per set: both drafters' mean tau on the common prompts and their paired difference (95% Student-t
-interval over prompts); with --skip-resembled also on the MT-bench first turns that no training
+interval over prompts); with --skip-resembled also on the first turns (MT-bench's) that no training
 template was written after (specjax.train.evaluation_like.RESEMBLED); and over all sets together.
 """
 
