@@ -141,12 +141,21 @@ def check_prompts(baseline: dict, path, digests: dict) -> None:
             )
 
 
+def resembled_mask(set_name: str, n: int) -> np.ndarray:
+    """[n] bool: which of a set's first n prompts (the order drafter_tau.py decodes) are first
+    turns a training template was written after (specjax.train.evaluation_like.RESEMBLED)."""
+    from specjax.datasets import SPEC_BENCH_FILES, read_spec_bench, select_questions
+    from specjax.train.evaluation_like import RESEMBLED
+
+    ids = [q.question_id for q in select_questions(read_spec_bench(SPEC_BENCH_FILES[set_name]), n)]
+    return np.array([i in RESEMBLED.get(set_name, ()) for i in ids])
+
+
 def resemblance_lines(per_prompt_json: dict) -> list[str]:
     """Markdown: per set, temperature and drafter of a drafter_tau .json, tau on the first
     turns that a training template was written after (specjax.train.evaluation_like.RESEMBLED)
     and on the rest; the pair's difference on the rest. [] where no set has such turns."""
     from specjax.benchmark import mean_ci
-    from specjax.datasets import SPEC_BENCH_FILES, read_spec_bench, select_questions
     from specjax.train.evaluation_like import RESEMBLED
 
     runs = {}  # (set, T) -> {drafter: taus}
@@ -156,11 +165,7 @@ def resemblance_lines(per_prompt_json: dict) -> list[str]:
             runs.setdefault((parts[0], parts[1]), {})[parts[2]] = np.asarray(taus)
     lines = []
     for (set_name, temperature), by_name in runs.items():
-        n = len(next(iter(by_name.values())))
-        ids = [
-            q.question_id for q in select_questions(read_spec_bench(SPEC_BENCH_FILES[set_name]), n)
-        ]
-        mask = np.array([i in RESEMBLED[set_name] for i in ids])
+        mask = resembled_mask(set_name, len(next(iter(by_name.values()))))
         if not mask.any():
             continue
         for name, taus in by_name.items():

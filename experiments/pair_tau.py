@@ -32,6 +32,8 @@ import numpy as np
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from drafter_tau import resembled_mask  # noqa: E402
+
 from specjax.benchmark import mean_ci  # noqa: E402
 
 
@@ -79,15 +81,6 @@ def check_same_run_conditions(files) -> None:
             )
 
 
-def clean_mask(set_name: str, n: int) -> np.ndarray:
-    """True for the first n prompts of a set that no training template resembles."""
-    from specjax.datasets import SPEC_BENCH_FILES, read_spec_bench, select_questions
-    from specjax.train.evaluation_like import RESEMBLED
-
-    ids = [q.question_id for q in select_questions(read_spec_bench(SPEC_BENCH_FILES[set_name]), n)]
-    return np.array([i not in RESEMBLED.get(set_name, ()) for i in ids])
-
-
 def pair_lines(a_name, b_name, a_taus, b_taus, skip_resembled: bool) -> list[str]:
     """Markdown table rows: per set (and per set's unresembled prompts), then all sets."""
     rows, all_a, all_b, dropped = [], [], [], False
@@ -103,7 +96,7 @@ def pair_lines(a_name, b_name, a_taus, b_taus, skip_resembled: bool) -> list[str
         x, y = a_taus[set_name][:n], b_taus[set_name][:n]
         row(set_name, x, y)
         if skip_resembled:
-            keep = clean_mask(set_name, n)
+            keep = ~resembled_mask(set_name, n)
             if not keep.all():
                 row(f"{set_name}, unresembled turns", x[keep], y[keep])
                 x, y, dropped = x[keep], y[keep], True
