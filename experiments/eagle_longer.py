@@ -30,14 +30,18 @@ from card_chain import card_stages, run_stages
 STEPS = 19_200
 
 
-def stages(steps: int = STEPS):
-    """(name, command arguments after `python`, the file whose existence means done)."""
+def stages(steps: int = STEPS, name: str | None = None):
+    """(name, command arguments after `python`, the file whose existence means done).
+
+    name: the runs/ folders' prefix and the tau results' suffix (default `eagle<steps>`); a
+    rerun of the chain under another name keeps the first run's committed taus."""
+    name = name or f"eagle{steps}"
     return card_stages(
         "smollm2-eagle",
-        f"runs/eagle{steps}",
+        f"runs/{name}",
         ["--recipe", "drop_evaluation_like=True", "--no-calibrate"],
         scratch_args=["--steps", str(steps), "--train", 'products="bfloat16"'],
-        tau_prefix=f"experiments/results/drafter_tau_eagle{steps}",
+        tau_prefix=f"experiments/results/drafter_tau_{name}",
     )
 
 
@@ -45,8 +49,11 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dry-run", action="store_true", help="print the stages and stop")
     parser.add_argument("--steps", type=int, default=STEPS, help="steps from scratch")
+    parser.add_argument(
+        "--name", help="runs/ folder prefix and tau results suffix (default eagle<steps>)"
+    )
     args = parser.parse_args(argv)
-    return run_stages(stages(args.steps), tag="eagle-longer", dry_run=args.dry_run)
+    return run_stages(stages(args.steps, args.name), tag="eagle-longer", dry_run=args.dry_run)
 
 
 if __name__ == "__main__":

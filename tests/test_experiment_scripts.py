@@ -164,3 +164,17 @@ def test_pair_tau_pairs_the_common_prompts(monkeypatch, tmp_path):
     b.write_text(json.dumps({"qa|0|old": [2.0, 2.0], "machine": "m2"}))
     with pytest.raises(SystemExit, match="different machine"):
         pair_tau.check_same_run_conditions([a, b])
+
+
+def test_eagle_longer_rerun_under_another_name_keeps_the_first_runs_files(experiments):
+    import eagle_longer
+
+    first = eagle_longer.stages()
+    rerun = eagle_longer.stages(name="eagle19200r")
+    assert [name for name, _, _ in first] == [name for name, _, _ in rerun]
+    assert first[-2][2] == repo_dir() / "experiments/results/drafter_tau_eagle19200.json"
+    assert rerun[-2][2] == repo_dir() / "experiments/results/drafter_tau_eagle19200r.json"
+    assert not {done for _, _, done in first} & {done for _, _, done in rerun}
+    scratch = rerun[0][1]
+    assert scratch[scratch.index("--out") + 1] == "runs/eagle19200r_scratch"
+    assert scratch[scratch.index("--steps") + 1] == "19200"
